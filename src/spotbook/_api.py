@@ -1,0 +1,174 @@
+"""The Python entry points: create or reopen a run, execute, resume.
+
+``execute_notebook`` takes papermill's arguments with papermill's meaning, so a
+papermill user can switch by changing the import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from . import _notebook as nbs
+from ._errors import InputChangedError, UsageError
+from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
+from ._runner import Runner, RunnerOptions, RunResult
+from ._store import RunStore, check_writable, is_url, new_run_id, read_url, resolve_run
+
+# papermill arguments that have no meaning here (progress is always saved cheaply)
+_PAPERMILL_NO_OPS = frozenset(
+    {"engine_name", "request_save_on_cell_execute", "autosave_cell_every", "report_mode"}
+)
+
+
+def _abs(path: str | None) -> str | None:
+    if path is None or is_url(path):
+        return path
+    return os.path.abspath(path)
+
+
+def prepare_run(
+    input_path: str,
+    output_path: str | None = None,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    kernel_name: str | None = None,
+    cwd: str | None = None,
+    limits: Limits | None = None,
+    snapshot: SnapshotPolicy | None = None,
+    run_dir: str | None = None,
+    restart: bool = False,
+) -> RunStore:
+    """Freeze the parameterised notebook into a run store (or reopen a matching one)."""
+    params = dict(parameters or {})
+    source = _abs(input_path) or input_path
+    nb = nbs.parse(read_url(input_path), repr(input_path))
+    nb = nbs.inject_parameters(nb, params)
+    if output_path:
+        check_writable(output_path)
+    if cwd is not None and not os.path.isdir(cwd):
+        raise UsageError(f"--cwd {cwd!r} is not a directory")
+    run_id = new_run_id()
+    url = _abs(run_dir) if run_dir else resolve_run(run_id)
+    assert url is not None
+    store = RunStore(url)
+    spec = RunSpec(
+        run_id=run_id,
+        source=source,
+        output=_abs(output_path),
+        parameters=params,
+        kernel_name=nbs.kernel_name(nb, kernel_name),
+        cwd=_abs(cwd),
+        input_sha256=nbs.content_hash(nb),
+        limits=limits or Limits(),
+        snapshot=snapshot or SnapshotPolicy(),
+    )
+    existing = store.read_json("run.json")
+    if existing is not None and not restart:
+        old = RunSpec.from_json(existing["spec"])
+        if old.input_sha256 != spec.input_sha256:
+            raise InputChangedError(
+                f"{url} holds run {old.run_id} of a different notebook or parameters "
+                f"({old.source}); resume it with `spotbook resume {url}`, choose another "
+                "--run-dir, or pass --restart to discard it and start over"
+            )
+        # Same notebook: continue it. Limits and output may be changed by the new command.
+        spec = RunSpec(**{**vars(spec), "run_id": old.run_id, "created": old.created})
+        store.write_json("run.json", {**existing, "spec": spec.to_json()})
+        return store
+    if existing is not None:
+        old_id = existing["spec"]["run_id"]
+        spec = RunSpec(**{**vars(spec), "run_id": old_id})
+    store.write("input.ipynb", nbs.dumps(nb).encode())
+    store.key()
+    store.write_json(
+        "run.json", {"spec": spec.to_json(), "status": RunStatus.PENDING.value, "restart": restart}
+    )
+    if restart:
+        store.claim_attempt({"outcome": "restart", "resumed_from": 0, "restart": True})
+    return store
+
+
+def _run_sync(runner: Runner) -> RunResult:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return runner.run()
+    # Called from a running loop (e.g. inside Jupyter): run in a thread of our own.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(runner.run).result()
+
+
+def execute_notebook(
+    input_path: str,
+    output_path: str | None,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    kernel_name: str | None = None,
+    cwd: str | None = None,
+    log_output: bool = False,
+    progress_bar: bool = False,
+    start_timeout: float = 60,
+    execution_timeout: float | None = None,
+    prepare_only: bool = False,
+    timeout: float | None = None,
+    run_dir: str | None = None,
+    snapshot: str = "auto",
+    restart: bool = False,
+    **papermill_kwargs: Any,
+) -> Any:
+    """Run a notebook like ``papermill.execute_notebook``; return the output notebook.
+
+    Progress is committed to the run store after every cell, and a run killed
+    part-way is resumed by calling this again with the same ``run_dir`` (or
+    ``spotbook resume``). Raises :class:`spotbook.CellExecutionError` when a
+    cell fails, after writing the output notebook with the failure marked.
+    """
+    unknown = set(papermill_kwargs) - _PAPERMILL_NO_OPS
+    if unknown:
+        raise TypeError(f"execute_notebook() got unexpected arguments: {sorted(unknown)}")
+    del progress_bar  # the library never prints; the CLI draws the progress bar
+    store = prepare_run(
+        input_path,
+        output_path,
+        parameters=parameters,
+        kernel_name=kernel_name,
+        cwd=cwd,
+        limits=Limits(
+            execution_timeout=execution_timeout,
+            run_timeout=timeout,
+            start_timeout=start_timeout,
+        ),
+        snapshot=SnapshotPolicy.parse(snapshot),
+        run_dir=run_dir,
+        restart=restart,
+    )
+    if prepare_only:
+        data = store.read("input.ipynb")
+        assert data is not None
+        if output_path:
+            from ._store import write_url
+
+            write_url(output_path, data)
+        return nbs.parse(data, "input.ipynb")
+    on_output = _log_output if log_output else None
+    _run_sync(Runner(store, RunnerOptions(on_output=on_output, handle_signals=False)))
+    data = store.read("output.ipynb")
+    assert data is not None
+    return nbs.parse(data, "output.ipynb")
+
+
+def _log_output(kind: str, content: dict[str, Any]) -> None:
+    import logging
+
+    text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
+    if text:
+        logging.getLogger("spotbook.output").info(str(text).rstrip("\n"))
+
+
+def resume_run(run: str, *, options: RunnerOptions | None = None) -> RunResult:
+    """Continue a run after its last committed cell, restoring kernel state."""
+    return _run_sync(Runner(RunStore(resolve_run(run)), options))

@@ -1,0 +1,161 @@
+"""Every error spotbook raises, under one root.
+
+::
+
+    SpotbookError
+    ├── UsageError                      bad usage: flags, parameters, input notebook
+    │   ├── ParameterError              a parameter that does not parse
+    │   ├── NotebookFormatError         not a notebook, truncated, nbformat 3
+    │   ├── KernelNotFoundError         unknown kernel name
+    │   ├── InputNotFoundError          input path or URL that does not exist
+    │   ├── InputChangedError           resume of a run whose notebook changed
+    │   └── RunNotFoundError            no run at that id / URL
+    ├── CellError                       the notebook itself failed (will fail again)
+    │   ├── CellExecutionError          a cell raised
+    │   └── KernelDiedError             the kernel process died during a cell
+    ├── StorageError                    run store / output location (may pass on retry)
+    │   └── SupersededError             a newer attempt took over this run
+    ├── ExecutionTimeoutError           (also a builtin TimeoutError)
+    │   ├── CellTimeoutError            one cell exceeded --execution-timeout
+    │   └── RunTimeoutError             the run exceeded --timeout
+    ├── PreemptionBudgetError           more preemptions than the run allows
+    ├── SnapshotIntegrityError          a snapshot failed its HMAC check
+    └── Terminated                      stopped on SIGTERM/SIGINT after saving progress
+
+Only the CLI maps these to exit codes (``_cli.EXIT_CODES``); the library raises.
+"""
+
+from __future__ import annotations
+
+
+class SpotbookError(Exception):
+    """Root of every spotbook error. ``str()`` is a message for the user."""
+
+
+class UsageError(SpotbookError):
+    """The command, its parameters or its input notebook are wrong."""
+
+
+class ParameterError(UsageError, ValueError):
+    """A parameter value or parameters file could not be parsed."""
+
+
+class NotebookFormatError(UsageError, ValueError):
+    """The input is not a notebook spotbook can run."""
+
+
+class KernelNotFoundError(UsageError, LookupError):
+    """No kernelspec of that name is installed."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        self.name = name
+        self.available = available
+        have = ", ".join(sorted(available)) or "none"
+        super().__init__(
+            f"no Jupyter kernel named {name!r} is installed (installed: {have}); "
+            "pass one of those with -k/--kernel, or install the kernel "
+            "(e.g. `python -m ipykernel install --user --name NAME`)"
+        )
+
+
+class InputNotFoundError(UsageError, FileNotFoundError):
+    """The input notebook path or URL does not exist."""
+
+
+class InputChangedError(UsageError):
+    """A run store holds an unfinished run of a different notebook or parameters."""
+
+
+class RunNotFoundError(UsageError, LookupError):
+    """No run exists at that run id or URL."""
+
+
+class CellError(SpotbookError):
+    """The notebook failed in a way a retry would repeat."""
+
+    def __init__(self, message: str, *, cell_index: int, execution_count: int | None) -> None:
+        self.cell_index = cell_index
+        self.execution_count = execution_count
+        super().__init__(message)
+
+
+class CellExecutionError(CellError):
+    """A cell raised an exception."""
+
+    def __init__(
+        self, *, cell_index: int, execution_count: int | None, ename: str, evalue: str
+    ) -> None:
+        self.ename = ename
+        self.evalue = evalue
+        where = f"cell {cell_index}" + (
+            f" (In [{execution_count}])" if execution_count is not None else ""
+        )
+        super().__init__(
+            f"{where} raised {ename}: {evalue}",
+            cell_index=cell_index,
+            execution_count=execution_count,
+        )
+
+
+class KernelDiedError(CellError):
+    """The kernel process exited while a cell ran (os._exit, a crash, out of memory)."""
+
+    def __init__(self, *, cell_index: int, execution_count: int | None) -> None:
+        super().__init__(
+            f"the kernel died while running cell {cell_index}: the cell called os._exit, "
+            "crashed the interpreter, or ran out of memory; fix the cell and run again",
+            cell_index=cell_index,
+            execution_count=execution_count,
+        )
+
+
+class StorageError(SpotbookError):
+    """Reading or writing the run store or the output location failed."""
+
+
+class SupersededError(StorageError):
+    """Another, newer attempt took over this run; this one must stop writing."""
+
+
+class ExecutionTimeoutError(SpotbookError, TimeoutError):
+    """A time limit was exceeded."""
+
+
+class CellTimeoutError(ExecutionTimeoutError):
+    """One cell ran longer than ``--execution-timeout``."""
+
+    def __init__(self, *, cell_index: int, timeout: float) -> None:
+        self.cell_index = cell_index
+        self.timeout = timeout
+        super().__init__(
+            f"cell {cell_index} ran longer than its {timeout:g} s limit "
+            "(--execution-timeout); raise the limit or make the cell faster"
+        )
+
+
+class RunTimeoutError(ExecutionTimeoutError):
+    """The whole run ran longer than ``--timeout``."""
+
+    def __init__(self, *, cell_index: int, timeout: float) -> None:
+        self.cell_index = cell_index
+        self.timeout = timeout
+        super().__init__(
+            f"the run exceeded its {timeout:g} s limit (--timeout) during cell {cell_index}; "
+            "progress up to the previous cell is saved"
+        )
+
+
+class PreemptionBudgetError(SpotbookError):
+    """The run was preempted more often than ``--max-preemptions`` allows."""
+
+
+class SnapshotIntegrityError(SpotbookError):
+    """A kernel-state snapshot failed verification and was not loaded."""
+
+
+class Terminated(SpotbookError):
+    """The runner stopped on a signal after committing its progress."""
+
+    def __init__(self, signame: str, resume_hint: str) -> None:
+        self.signame = signame
+        super().__init__(f"stopped on {signame} after saving progress; {resume_hint}")

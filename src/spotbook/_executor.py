@@ -1,0 +1,225 @@
+"""One kernel and the cells sent to it. The only module that imports nbclient
+and jupyter_client.
+
+The executor knows nothing of stores, snapshots or resume: it starts a kernel,
+runs one cell at a time and reports what happened, and evaluates expressions
+silently (no history, no execution count, no output) for the snapshot layer.
+Time limits and signals are the caller's: ``run_cell`` is a coroutine the
+runner can race against a deadline or a termination notice.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+from ._errors import KernelNotFoundError, StorageError
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[str, dict[str, Any]], None]
+
+
+class KernelStartError(StorageError):
+    """The kernel did not start (infrastructure; a retry may pass)."""
+
+
+class KernelDied(Exception):
+    """Internal: the kernel process is gone."""
+
+
+@dataclass
+class CellResult:
+    """What one cell produced."""
+
+    outputs: list[Any]
+    execution_count: int | None
+    metadata: dict[str, Any]
+    error: dict[str, str] | None = None
+    allowed_error: bool = False
+    reply: dict[str, Any] = field(default_factory=dict)
+
+
+class _Client(NotebookClient):
+    """nbclient's client with a hook that sees each output as it arrives."""
+
+    on_output: OutputCallback | None = None
+
+    def process_message(self, msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+        out = super().process_message(msg, cell, cell_index)
+        if self.on_output is not None and out is not None:
+            self.on_output(msg["msg_type"], msg["content"])
+        return out
+
+
+class KernelSession:
+    """A started kernel and a client to it."""
+
+    def __init__(
+        self,
+        nb: Any,
+        *,
+        kernel_name: str,
+        cwd: str | None,
+        start_timeout: float,
+        env: dict[str, str],
+        on_output: OutputCallback | None = None,
+    ) -> None:
+        self._client = _Client(
+            nb,
+            kernel_name=kernel_name,
+            timeout=None,
+            startup_timeout=max(1, int(start_timeout)),
+            allow_errors=True,
+            shutdown_kernel="immediate",
+            record_timing=True,
+        )
+        self._client.on_output = on_output
+        self._client.on_cell_executed = self._on_executed
+        self._kernel_name = kernel_name
+        self._cwd = cwd
+        self._env = env
+        self._last_reply: dict[str, Any] = {}
+        self._ipc_dir: str | None = None
+        self.language_info: dict[str, Any] = {}
+
+    def _on_executed(self, cell: Any, cell_index: int, execute_reply: Any) -> None:
+        self._last_reply = execute_reply or {}
+
+    async def start(self) -> None:
+        client = self._client
+        try:
+            client.km = client.create_kernel_manager()
+            # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel.
+            self._ipc_dir = tempfile.mkdtemp(prefix="spotbook-kernel-")
+            client.km.transport = "ipc"
+            client.km.ip = os.path.join(self._ipc_dir, "kernel")
+            await client.async_start_new_kernel(cwd=self._cwd, env=self._env)
+        except NoSuchKernel as exc:
+            available = list(KernelSpecManager().find_kernel_specs())
+            raise KernelNotFoundError(self._kernel_name, available) from exc
+        except FileNotFoundError as exc:
+            raise KernelStartError(f"cannot start kernel {self._kernel_name!r}: {exc}") from exc
+        try:
+            await client.async_start_new_kernel_client()
+        except RuntimeError as exc:
+            raise KernelStartError(
+                f"kernel {self._kernel_name!r} did not answer within the start timeout "
+                f"({client.startup_timeout} s); raise --start-timeout or check the kernel: {exc}"
+            ) from exc
+        msg_id = self._kc.kernel_info()
+        reply = await self._reply(msg_id, timeout=float(client.startup_timeout))
+        self.language_info = dict(reply["content"].get("language_info") or {})
+
+    @property
+    def _kc(self) -> Any:
+        return self._client.kc
+
+    @property
+    def _km(self) -> Any:
+        return self._client.km
+
+    @property
+    def kernel_pid(self) -> int | None:
+        km = self._km
+        provisioner = getattr(km, "provisioner", None)
+        proc = getattr(provisioner, "process", None)
+        return getattr(proc, "pid", None)
+
+    async def run_cell(self, cell: Any, index: int, store_history: bool = True) -> CellResult:
+        """Execute one cell. Errors in the cell are results, not exceptions."""
+        self._last_reply = {}
+        try:
+            await self._client.async_execute_cell(cell, index, store_history=store_history)
+        except DeadKernelError as exc:
+            raise KernelDied(str(exc)) from exc
+        content = self._last_reply.get("content", {})
+        error = None
+        if content.get("status") == "error":
+            error = {
+                "ename": str(content.get("ename", "Error")),
+                "evalue": str(content.get("evalue", "")),
+            }
+        return CellResult(
+            outputs=list(cell.get("outputs", [])),
+            execution_count=cell.get("execution_count"),
+            metadata={"execution": dict(cell.metadata.get("execution", {}))},
+            error=error,
+            allowed_error="raises-exception" in cell.metadata.get("tags", []),
+            reply=content,
+        )
+
+    async def _reply(self, msg_id: str, timeout: float | None) -> dict[str, Any]:
+        kc = self._kc
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - loop.time()))
+            try:
+                msg: dict[str, Any] = await kc.shell_channel.get_msg(timeout=wait)
+            except Empty:
+                if not await kc.is_alive():
+                    raise KernelDied("kernel died") from None
+                if deadline is not None and loop.time() >= deadline:
+                    raise TimeoutError("no reply from the kernel") from None
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    async def evaluate(self, expression: str, timeout: float | None = None) -> Any:
+        """Evaluate a Python expression silently in the kernel; return its value.
+
+        The value must be a literal (str, number, ...): it comes back as its repr.
+        Raises RuntimeError with the kernel's error if evaluation failed.
+        """
+        kc = self._kc
+        msg_id = kc.execute(
+            "", silent=True, store_history=False, user_expressions={"r": expression}
+        )
+        reply = await self._reply(msg_id, timeout)
+        result = reply["content"].get("user_expressions", {}).get("r", {})
+        if result.get("status") != "ok":
+            raise RuntimeError(f"{result.get('ename')}: {result.get('evalue')}")
+        return ast.literal_eval(result["data"]["text/plain"])
+
+    async def interrupt(self) -> None:
+        km = self._km
+        if km is not None and await km.is_alive():
+            await km.interrupt_kernel()
+
+    async def shutdown(self) -> None:
+        client = self._client
+        if client.km is None:
+            return
+        try:
+            await client._async_cleanup_kernel()
+        except Exception as exc:  # shutting down must never hide the run's own outcome
+            log.debug("kernel cleanup failed: %s", exc)
+        if self._ipc_dir:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+def kernel_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+def python_transform(source: str) -> str:
+    """IPython syntax (magics, ``!cmd``) as plain Python, for static analysis."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    result: str = TransformerManager().transform_cell(source)
+    return result

@@ -1,0 +1,149 @@
+"""Value types shared by every layer: options, run spec, records. No I/O."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ._errors import UsageError
+
+Clock = Callable[[], float]
+"""Seconds since the epoch; injectable so tests never sleep."""
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands, derived from its store."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class Outcome(enum.StrEnum):
+    """How one attempt ended."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed-out"
+    PREEMPTED = "preempted"
+    KILLED = "killed"
+    SUPERSEDED = "superseded"
+    STORAGE_ERROR = "storage-error"
+
+
+class SnapshotMode(enum.StrEnum):
+    """When kernel state is snapshotted."""
+
+    EVERY_CELL = "every-cell"
+    AUTO = "auto"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """Cost-aware snapshot policy.
+
+    ``auto``: snapshot once the compute since the last snapshot exceeds
+    ``cost_ratio`` times what the last snapshot cost, so snapshots take at most
+    about ``1 / cost_ratio`` of the run; a snapshot also happens whenever
+    ``interval`` seconds of compute have passed without one (when set).
+    """
+
+    mode: SnapshotMode = SnapshotMode.AUTO
+    cost_ratio: float = 20.0
+    interval: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.cost_ratio <= 0:
+            raise UsageError("snapshot cost ratio must be positive")
+        if self.interval is not None and self.interval < 0:
+            raise UsageError("--snapshot-interval must be zero or more seconds")
+
+    def due(self, compute_since: float, last_cost: float | None) -> bool:
+        """Whether to snapshot now, given compute since the last one and its cost."""
+        if self.mode is SnapshotMode.OFF:
+            return False
+        if self.mode is SnapshotMode.EVERY_CELL or last_cost is None:
+            return True
+        if self.interval is not None and compute_since >= self.interval:
+            return True
+        return compute_since >= self.cost_ratio * last_cost
+
+    @classmethod
+    def parse(cls, text: str, interval: float | None = None) -> SnapshotPolicy:
+        try:
+            mode = SnapshotMode(text)
+        except ValueError:
+            choices = ", ".join(m.value for m in SnapshotMode)
+            raise UsageError(f"--snapshot must be one of {choices}, not {text!r}") from None
+        return cls(mode=mode, interval=interval)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Time limits of a run (seconds; None means none)."""
+
+    execution_timeout: float | None = None
+    run_timeout: float | None = None
+    start_timeout: float = 60.0
+    grace: float = 8.0
+    max_preemptions: int | None = None
+    max_output_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("execution_timeout", "run_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"{name.replace('_', '-')} must be a positive number of seconds")
+        if self.start_timeout <= 0:
+            raise UsageError("--start-timeout must be a positive number of seconds")
+        if self.grace < 0:
+            raise UsageError("--grace must be zero or more seconds")
+        if self.max_preemptions is not None and self.max_preemptions < 0:
+            raise UsageError("--max-preemptions must be zero or more")
+        if self.max_output_bytes <= 0:
+            raise UsageError("--max-output-bytes must be positive")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What was asked: stored in ``run.json`` when the run is created."""
+
+    run_id: str
+    source: str
+    output: str | None
+    parameters: dict[str, Any]
+    kernel_name: str
+    cwd: str | None
+    input_sha256: str
+    limits: Limits = field(default_factory=Limits)
+    snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["snapshot"]["mode"] = self.snapshot.mode.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSpec:
+        snap = dict(data.get("snapshot") or {})
+        snap["mode"] = SnapshotMode(snap.get("mode", "auto"))
+        return cls(
+            run_id=data["run_id"],
+            source=data["source"],
+            output=data.get("output"),
+            parameters=data.get("parameters") or {},
+            kernel_name=data["kernel_name"],
+            cwd=data.get("cwd"),
+            input_sha256=data["input_sha256"],
+            limits=Limits(**(data.get("limits") or {})),
+            snapshot=SnapshotPolicy(**snap),
+            created=data.get("created", 0.0),
+        )

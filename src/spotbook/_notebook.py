@@ -1,0 +1,212 @@
+"""Notebook documents: parse and check input, inject parameters, assemble output.
+
+The only module that imports nbformat. Pure functions over dicts/NotebookNodes;
+the bytes come from and go to the store layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import nbformat
+
+from ._errors import NotebookFormatError, ParameterError
+from ._parameters import render_python
+
+Notebook = Any  # nbformat.NotebookNode; untyped upstream
+PARAMETERS_TAG = "parameters"
+INJECTED_TAG = "injected-parameters"
+ERROR_TAG = "spotbook-error"
+SKIP_TAG = "skip-execution"
+
+
+def parse(text: str | bytes, where: str) -> Notebook:
+    """Parse notebook JSON and check it is a runnable nbformat 4 notebook."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise NotebookFormatError(
+            f"{where} is not a notebook: its JSON does not parse ({exc}); "
+            "the file may be truncated or not an .ipynb at all"
+        ) from exc
+    if not isinstance(data, dict) or ("cells" not in data and "worksheets" not in data):
+        raise NotebookFormatError(
+            f"{where} is JSON but not a Jupyter notebook (no 'cells'); pass an .ipynb file"
+        )
+    major = data.get("nbformat")
+    if major != 4:
+        raise NotebookFormatError(
+            f"{where} is in notebook format {major}, spotbook runs format 4; convert it with "
+            "`jupyter nbconvert --to notebook --nbformat 4 FILE`"
+        )
+    with warnings.catch_warnings():
+        # nbformat warns (and normalises) on missing cell ids etc.; we validate below.
+        warnings.simplefilter("ignore")
+        try:
+            nb = nbformat.from_dict(data)
+            nbformat.validate(nb)
+        except nbformat.ValidationError as exc:
+            raise NotebookFormatError(
+                f"{where} is not a valid notebook: {exc.message}; "
+                "open and re-save it in Jupyter to repair it"
+            ) from exc
+    return nb
+
+
+def kernel_name(nb: Notebook, override: str | None) -> str:
+    if override:
+        return override
+    spec = nb.metadata.get("kernelspec") or {}
+    return str(spec.get("name") or "python3")
+
+
+def _new_cell_id(nb: Notebook) -> dict[str, str]:
+    if (nb.nbformat, nb.nbformat_minor) >= (4, 5):
+        return {"id": uuid.uuid4().hex[:8]}
+    return {}
+
+
+def inject_parameters(nb: Notebook, params: Mapping[str, Any]) -> Notebook:
+    """A copy of ``nb`` with an ``injected-parameters`` cell, as papermill places it."""
+    nb = copy.deepcopy(nb)
+    if not params:
+        return nb
+    language = (nb.metadata.get("kernelspec") or {}).get("language") or (
+        nb.metadata.get("language_info") or {}
+    ).get("name", "python")
+    if language != "python":
+        raise ParameterError(
+            f"this notebook's kernel language is {language!r}; spotbook injects parameters "
+            "into Python notebooks only"
+        )
+    cells = [c for c in nb.cells if INJECTED_TAG not in c.metadata.get("tags", [])]
+    new = nbformat.v4.new_code_cell(source=render_python(params), **_new_cell_id(nb))
+    new.metadata["tags"] = [INJECTED_TAG]
+    where = next(
+        (i + 1 for i, c in enumerate(cells) if PARAMETERS_TAG in c.metadata.get("tags", [])),
+        0,
+    )
+    cells.insert(where, new)
+    nb.cells = cells
+    return nb
+
+
+def dumps(nb: Notebook) -> str:
+    """Serialise without nbformat's validation and deep copy (they cost O(notebook))."""
+    return json.dumps(nb, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
+
+
+def content_hash(nb: Notebook) -> str:
+    """Hash of what decides the run's result: cell types, sources, tags, kernel."""
+    parts = [{"t": c.cell_type, "s": c.source, "g": c.metadata.get("tags", [])} for c in nb.cells]
+    kernel = (nb.metadata.get("kernelspec") or {}).get("name")
+    blob = json.dumps({"cells": parts, "kernel": kernel}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def executable(cell: Any) -> bool:
+    """Whether a runner sends this cell to the kernel (as nbclient decides)."""
+    return bool(
+        cell.cell_type == "code"
+        and cell.source.strip()
+        and SKIP_TAG not in cell.metadata.get("tags", [])
+    )
+
+
+def cell_sources(nb: Notebook) -> list[str]:
+    return [str(c.source) for c in nb.cells]
+
+
+def cell_tags(nb: Notebook) -> list[list[str]]:
+    return [list(c.metadata.get("tags", [])) for c in nb.cells]
+
+
+def assemble(
+    nb: Notebook,
+    records: Mapping[int, Mapping[str, Any]],
+    *,
+    run_meta: Mapping[str, Any],
+    running: int | None = None,
+) -> Notebook:
+    """The output notebook: ``nb`` with each finished cell's record applied.
+
+    Cells without a record are cleared and marked pending (or running). A failed
+    cell gets a note at the top of the notebook, as papermill users expect.
+    """
+    out = copy.deepcopy(nb)
+    failed: tuple[int, Mapping[str, Any]] | None = None
+    for index, cell in enumerate(out.cells):
+        rec = records.get(index)
+        if cell.cell_type == "code":
+            cell.outputs = list(rec["outputs"]) if rec else []
+            cell.execution_count = rec.get("execution_count") if rec else None
+        if rec and rec.get("metadata"):
+            cell.metadata.update(copy.deepcopy(dict(rec["metadata"])))
+        status = rec["status"] if rec else ("running" if index == running else "pending")
+        meta: dict[str, Any] = {"status": status}
+        if rec:
+            meta.update(
+                start_time=_iso(rec.get("start")),
+                end_time=_iso(rec.get("end")),
+                duration=rec.get("duration"),
+                exception=rec["status"] == "failed",
+            )
+            if rec["status"] == "failed" and failed is None:
+                failed = (index, rec)
+        cell.metadata["spotbook"] = meta
+    out.metadata["spotbook"] = dict(run_meta)
+    out.metadata["papermill"] = {
+        "parameters": dict(run_meta.get("parameters") or {}),
+        "exception": failed is not None,
+    }
+    if failed is not None:
+        out.cells.insert(0, _error_cell(out, *failed))
+    return out
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
+
+
+def _error_cell(nb: Notebook, index: int, rec: Mapping[str, Any]) -> Any:
+    err = rec.get("error") or {}
+    count = rec.get("execution_count")
+    label = f"cell {index}" + (f" (In [{count}])" if count is not None else "")
+    text = (
+        f'<span style="color:red; font-size:1.5em;">spotbook: this run failed at {label}.</span>'
+        f"\n\n`{err.get('ename', 'Error')}: {err.get('evalue', '')}`\n\n"
+        "The failing cell shows the traceback; its metadata has `spotbook.status = failed`."
+    )
+    cell = nbformat.v4.new_markdown_cell(source=text, **_new_cell_id(nb))
+    cell.metadata["tags"] = [ERROR_TAG]
+    return cell
+
+
+def strip_volatile(nb: Notebook) -> Notebook:
+    """A copy without timing and run metadata, for comparing two runs' results."""
+    out = copy.deepcopy(nb)
+    out.metadata.pop("spotbook", None)
+    out.metadata.pop("papermill", None)
+    for cell in out.cells:
+        cell.metadata.pop("spotbook", None)
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+        cell.pop("id", None)
+    return out
+
+
+def count_code_cells(nb: Notebook) -> int:
+    return sum(1 for c in nb.cells if c.cell_type == "code")
+
+
+def outputs_of(nb: Notebook) -> Sequence[Any]:
+    return [c.get("outputs", []) for c in nb.cells]

@@ -1,0 +1,113 @@
+"""Papermill-compatible parameter parsing and rendering (pure, no I/O but ``-f``).
+
+``-p NAME VALUE`` values are typed the way papermill types them: ``True``/``False``,
+``None``, integers and floats become those; anything else stays a string.
+``-r`` keeps the raw string, ``-y`` is a YAML mapping, ``-f`` a YAML file.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ._errors import ParameterError
+
+
+def resolve_type(value: str) -> Any:
+    """Type a ``-p`` value as papermill does."""
+    if value == "True":
+        return True
+    if value == "False":
+        return False
+    if value == "None":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _load_yaml_mapping(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ParameterError(f"{where} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ParameterError(
+            f"{where} must be a YAML mapping of parameter names to values, "
+            f"not a {type(data).__name__}"
+        )
+    return {str(k): v for k, v in data.items()}
+
+
+def collect_parameters(
+    *,
+    files: Iterable[str] = (),
+    yaml_strings: Iterable[str] = (),
+    typed: Iterable[tuple[str, str]] = (),
+    raw: Iterable[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """Merge parameters in papermill's order: ``-f``, ``-y``, ``-p``, ``-r``."""
+    params: dict[str, Any] = {}
+    for name in files:
+        path = Path(name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise ParameterError(f"parameters file {name!r} (-f) does not exist") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ParameterError(f"cannot read parameters file {name!r} (-f): {exc}") from exc
+        params.update(_load_yaml_mapping(text, f"parameters file {name!r}"))
+    for text in yaml_strings:
+        params.update(_load_yaml_mapping(text, "the -y/--parameters_yaml value"))
+    for name, value in typed:
+        params[name] = resolve_type(value)
+    for name, value in raw:
+        params[name] = value
+    for name in params:
+        check_name(name)
+    return params
+
+
+def check_name(name: str) -> None:
+    """Refuse a parameter name that cannot be a Python variable."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ParameterError(
+            f"parameter name {name!r} is not a valid Python variable name; "
+            "use letters, digits and underscores, not starting with a digit"
+        )
+
+
+def render_literal(value: Any) -> str:
+    """Python source for a parameter value (papermill's types: scalars, lists, dicts)."""
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return f"float({str(value)!r})"
+        return repr(value)
+    if value is None or isinstance(value, bool | int | str):
+        return repr(value)
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{render_literal(k)}: {render_literal(v)}" for k, v in value.items())
+        return "{" + items + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(render_literal(v) for v in value) + "]"
+    # Dates and other YAML scalars: their string form, as papermill does.
+    return repr(str(value))
+
+
+def render_python(params: Mapping[str, Any]) -> str:
+    """The source of the ``injected-parameters`` cell for a Python kernel."""
+    lines = ["# Parameters"]
+    lines += [f"{name} = {render_literal(value)}" for name, value in params.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,695 @@
+"""The runner: one attempt at a run, from kernel start to exit.
+
+It claims an attempt in the store, restores kernel state and replays what the
+resume plan says, then runs the remaining cells one by one. After each cell it
+commits a record (fenced: a superseded attempt stops instead of writing),
+maybe takes a snapshot (cost-aware policy), and refreshes ``output.ipynb`` on
+a throttle. Time limits and termination notices race each cell; a SIGTERM lets
+the running cell finish within the grace budget, else interrupts it, and ends
+the attempt as preempted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from . import _notebook as nbs
+from ._errors import (
+    CellExecutionError,
+    CellTimeoutError,
+    KernelDiedError,
+    PreemptionBudgetError,
+    RunTimeoutError,
+    SnapshotIntegrityError,
+    SupersededError,
+    Terminated,
+)
+from ._executor import CellResult, KernelDied, KernelSession, kernel_env, python_transform
+from ._kernel_side import sign
+from ._models import Clock, Outcome, RunSpec, RunStatus, SnapshotMode
+from ._resume import ResumePlan, plan_resume
+from ._store import CellKey, RunStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_KERNEL_MODULE = "__import__('spotbook._kernel_side', fromlist=['_'])"
+_EXIT_OK = {"", "0", "None"}
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How the runner behaves, apart from what the run spec fixes."""
+
+    output_refresh: float = 5.0
+    on_output: Callable[[str, dict[str, Any]], None] | None = None
+    on_progress: Callable[[int, int], None] | None = None
+    clock: Clock = time.time
+    handle_signals: bool = True
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    url: str
+    status: RunStatus
+    cells_done: int
+    cells_total: int
+    attempt: int
+    output_bytes: int = 0
+    progress_bytes: int = 0
+    replayed: tuple[int, ...] = ()
+    restore_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class _Notice:
+    """The termination notice: set by a signal, visible to the kernel through a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.event = asyncio.Event()
+        self.signame = ""
+        self.at = 0.0
+
+    def fire(self, signame: str) -> None:
+        if self.event.is_set():
+            return
+        self.signame = signame
+        self.at = time.monotonic()
+        log.info("received %s: finishing the current cell, then saving progress", signame)
+        with contextlib.suppress(OSError), open(self.path, "w") as fh:
+            fh.write(signame)
+        self.event.set()
+
+
+def start_index(nb: Any, records: dict[int, dict[str, Any]]) -> int:
+    """First executable cell without a completed record (len(cells) when all done)."""
+    for i, cell in enumerate(nb.cells):
+        if nbs.executable(cell) and records.get(i, {}).get("status") != "completed":
+            return i
+    return len(nb.cells)
+
+
+def exited_early(records: dict[int, dict[str, Any]]) -> bool:
+    return any(r.get("status") == "exited" for r in records.values())
+
+
+class Runner:
+    """Runs (or resumes) the run in ``store`` as one attempt."""
+
+    def __init__(self, store: RunStore, options: RunnerOptions | None = None) -> None:
+        self.store = store
+        self.opts = options or RunnerOptions()
+        run = store.require_run()
+        self.spec = RunSpec.from_json(run["spec"])
+        raw = store.read("input.ipynb")
+        assert raw is not None, "run.json exists without input.ipynb"
+        self.nb = nbs.parse(raw, f"{store.url}/input.ipynb")
+        self.records: dict[int, dict[str, Any]] = {}
+        self.attempt = 0
+        self.attempt_rec: dict[str, Any] = {}
+        self.session: KernelSession | None = None
+        self._snap_enabled = self.spec.snapshot.mode is not SnapshotMode.OFF
+        self._snap_cost: float | None = None
+        self._compute_since_snap = 0.0
+        self._last_refresh = 0.0
+        self._refresh_cost = 0.0
+        self._deadline: float | None = None
+        self._notice: _Notice | None = None
+        self._progress_start = 0
+
+    # -- entry ---------------------------------------------------------------
+    def run(self) -> RunResult:
+        return asyncio.run(self.arun())
+
+    async def arun(self) -> RunResult:
+        self.records = self.store.cell_records()
+        start = start_index(self.nb, self.records)
+        if exited_early(self.records) or start >= len(self.nb.cells):
+            return self._finish_already_done()
+        self._check_budget()
+        self._claim(start)
+        tmp = tempfile.mkdtemp(prefix="spotbook-")
+        self._notice = _Notice(os.path.join(tmp, "notice"))
+        loop = asyncio.get_running_loop()
+        installed = self._install_signals(loop)
+        try:
+            return await self._attempt(start, tmp)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            if self.session is not None:
+                await self.session.shutdown()
+            with contextlib.suppress(OSError):
+                if os.path.exists(self._notice.path):
+                    os.unlink(self._notice.path)
+                os.rmdir(tmp)
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        if not self.opts.handle_signals:
+            return []
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._notice_fire, signal.Signals(sig).name)
+                installed.append(sig)
+            except (RuntimeError, ValueError):  # not the main thread
+                break
+        return installed
+
+    def _notice_fire(self, signame: str) -> None:
+        assert self._notice is not None
+        self._notice.fire(signame)
+
+    # -- attempt bookkeeping ----------------------------------------------------
+    def _check_budget(self) -> None:
+        limit = self.spec.limits.max_preemptions
+        if limit is None:
+            return
+        # Preempted attempts, and attempts still marked running: those were killed
+        # without notice (node gone, SIGKILL), which costs the same.
+        used = sum(1 for a in self.store.attempts() if a.get("outcome") in _INTERRUPTED)
+        if used > limit:
+            message = (
+                f"run {self.spec.run_id} was interrupted {used} times, more than its budget "
+                f"of {limit} (--max-preemptions); see `spotbook status {self.store.url}`, and "
+                "resume with a larger --max-preemptions if the interruptions were not the "
+                "notebook's fault"
+            )
+            self._set_status(RunStatus.FAILED, message)
+            raise PreemptionBudgetError(message)
+
+    def _claim(self, start: int) -> None:
+        self.attempt_rec = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+            "node": os.environ.get("NODE_NAME"),
+            "started": self.opts.clock(),
+            "resumed_from": start,
+            "outcome": Outcome.RUNNING.value,
+        }
+        self.attempt = self.store.claim_attempt(self.attempt_rec)
+        self.attempt_rec["attempt"] = self.attempt
+        self._set_status(RunStatus.RUNNING)
+        log.info(
+            "run %s attempt %d starting at cell %d (%s)",
+            self.spec.run_id,
+            self.attempt,
+            start,
+            self.store.url,
+        )
+
+    def _end_attempt(self, outcome: Outcome, **extra: Any) -> None:
+        self.attempt_rec.update(outcome=outcome.value, ended=self.opts.clock(), **extra)
+        if outcome is not Outcome.SUPERSEDED:
+            self.store.update_attempt(self.attempt, self.attempt_rec)
+
+    def _set_status(self, status: RunStatus, message: str = "") -> None:
+        self.store.write_json(
+            "run.json",
+            {
+                "spec": self.spec.to_json(),
+                "status": status.value,
+                "message": message,
+                "attempt": self.attempt,
+                "updated": self.opts.clock(),
+            },
+        )
+
+    def _fence(self) -> None:
+        if self.store.superseded(self.attempt):
+            raise SupersededError(
+                f"attempt {self.attempt} of run {self.spec.run_id} was superseded by a newer "
+                "attempt (another runner took over this run); this one stopped without writing"
+            )
+
+    # -- the attempt ----------------------------------------------------------------
+    async def _attempt(self, start: int, tmp: str) -> RunResult:
+        assert self._notice is not None
+        limits = self.spec.limits
+        if limits.run_timeout is not None:
+            budget = limits.run_timeout - self._elapsed_before()
+            self._deadline = time.monotonic() + max(budget, 0.0)
+        # Local stores hold the checkpoint directory itself, so it survives a kill.
+        checkpoint = self.store.path("files") if self.store.local else os.path.join(tmp, "files")
+        os.makedirs(checkpoint, exist_ok=True)
+        env = kernel_env(
+            {
+                "SPOTBOOK_RUN_DIR": self.store.url,
+                "SPOTBOOK_RUN_ID": self.spec.run_id,
+                "SPOTBOOK_NOTICE_FILE": self._notice.path,
+                "SPOTBOOK_CHECKPOINT_DIR": checkpoint,
+            }
+        )
+        self.session = KernelSession(
+            self.nb,
+            kernel_name=self.spec.kernel_name,
+            cwd=self.spec.cwd,
+            start_timeout=limits.start_timeout,
+            env=env,
+            on_output=self.opts.on_output,
+        )
+        try:
+            started = time.monotonic()
+            await self._race(self.session.start(), grace=0.0, index=start)
+            self.attempt_rec["kernel_start_seconds"] = round(time.monotonic() - started, 3)
+            self.nb.metadata["language_info"] = self.session.language_info
+            plan = await self._restore(start) if start > 0 else None
+            self._progress_start = start
+            self._refresh(force=True, running=start)
+            await self._run_cells(start)
+        except Terminated:
+            self._end_attempt(Outcome.PREEMPTED, stopped_at=self._next_unfinished())
+            self._refresh(force=True, to_output=True)
+            self._set_status(RunStatus.INTERRUPTED, f"stopped on {self._notice.signame}")
+            raise
+        except SupersededError:
+            self._end_attempt(Outcome.SUPERSEDED)
+            raise
+        except (CellExecutionError, KernelDiedError) as exc:
+            self._end_attempt(Outcome.FAILED, error=str(exc))
+            self._refresh(force=True, final=True)
+            self._set_status(RunStatus.FAILED, str(exc))
+            raise
+        except (CellTimeoutError, RunTimeoutError) as exc:
+            self._end_attempt(Outcome.TIMED_OUT, error=str(exc))
+            self._refresh(force=True, final=True)
+            self._set_status(RunStatus.FAILED, str(exc))
+            raise
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                self._end_attempt(Outcome.STORAGE_ERROR, error=str(exc))
+                self._set_status(RunStatus.INTERRUPTED, str(exc))
+            raise
+        self._end_attempt(Outcome.COMPLETED)
+        out_bytes = self._refresh(force=True, final=True)
+        self._set_status(RunStatus.SUCCEEDED)
+        return RunResult(
+            run_id=self.spec.run_id,
+            url=self.store.url,
+            status=RunStatus.SUCCEEDED,
+            cells_done=len(self.records),
+            cells_total=sum(1 for c in self.nb.cells if nbs.executable(c)),
+            attempt=self.attempt,
+            output_bytes=out_bytes,
+            progress_bytes=self.store.bytes_written,
+            replayed=plan.replay if plan else (),
+            restore_seconds=float(self.attempt_rec.get("restore_seconds", 0.0)),
+        )
+
+    def _elapsed_before(self) -> float:
+        """Compute already spent on this run by earlier attempts (for --timeout)."""
+        return sum(float(r.get("duration") or 0.0) for r in self.records.values())
+
+    def _next_unfinished(self) -> int:
+        return start_index(self.nb, self.records)
+
+    async def _race(
+        self, coro: Awaitable[T], *, grace: float, index: int, cell_timeout: float | None = None
+    ) -> T:
+        """Await ``coro`` against the time limits and the termination notice."""
+        assert self._notice is not None
+        task = asyncio.ensure_future(coro)
+        notice = asyncio.ensure_future(self._notice.event.wait())
+        now = time.monotonic()
+        cell_deadline = None if cell_timeout is None else now + cell_timeout
+        deadlines = [d for d in (self._deadline, cell_deadline) if d is not None]
+        deadline = min(deadlines) if deadlines else None
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - now)
+            done, _ = await asyncio.wait(
+                {task, notice}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done:
+                return task.result()
+            if notice in done:
+                left = max(0.0, grace - (time.monotonic() - self._notice.at))
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if task in done:
+                    return task.result()
+                raise Terminated(self._notice.signame, self._resume_hint())
+            if deadline == cell_deadline and cell_timeout is not None:
+                raise CellTimeoutError(cell_index=index, timeout=cell_timeout)
+            assert self.spec.limits.run_timeout is not None
+            raise RunTimeoutError(cell_index=index, timeout=self.spec.limits.run_timeout)
+        finally:
+            notice.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _resume_hint(self) -> str:
+        return f"continue with `spotbook resume {self.store.url}`"
+
+    # -- cells -------------------------------------------------------------------
+    async def _run_cells(self, start: int) -> None:
+        assert self.session is not None and self._notice is not None
+        limits = self.spec.limits
+        total = sum(1 for c in self.nb.cells if nbs.executable(c))
+        for index in range(start, len(self.nb.cells)):
+            cell = self.nb.cells[index]
+            if not nbs.executable(cell):
+                continue
+            if self._notice.event.is_set():
+                raise Terminated(self._notice.signame, self._resume_hint())
+            t0 = self.opts.clock()
+            m0 = time.monotonic()
+            try:
+                result = await self._race(
+                    self.session.run_cell(cell, index),
+                    grace=limits.grace,
+                    index=index,
+                    cell_timeout=limits.execution_timeout,
+                )
+            except KernelDied:
+                self._commit_failure(index, t0, "KernelDied", "the kernel process died")
+                raise KernelDiedError(cell_index=index, execution_count=None) from None
+            except CellTimeoutError:
+                self._commit_failure(
+                    index, t0, "CellTimeoutError", f"exceeded {limits.execution_timeout:g} s"
+                )
+                raise
+            except RunTimeoutError:
+                self._commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
+                raise
+            duration = time.monotonic() - m0
+            status = "completed"
+            if result.error and not result.allowed_error:
+                exiting = result.error["ename"] == "SystemExit"
+                status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
+            record = self._record(index, result, t0, duration, status)
+            self._commit(index, record)
+            cell.outputs = []  # the record holds them now; keep one copy in memory
+            if self.opts.on_progress:
+                self.opts.on_progress(len(self.records), total)
+            if status == "failed":
+                assert result.error is not None
+                raise CellExecutionError(
+                    cell_index=index,
+                    execution_count=result.execution_count,
+                    ename=result.error["ename"],
+                    evalue=result.error["evalue"],
+                )
+            if status == "exited":
+                log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
+                return
+            self._compute_since_snap += duration
+            if self._snap_enabled and self.spec.snapshot.due(
+                self._compute_since_snap, self._snap_cost
+            ):
+                await self._snapshot(index)
+            self._refresh(running=index + 1)
+
+    def _record(
+        self, index: int, result: CellResult, t0: float, duration: float, status: str
+    ) -> dict[str, Any]:
+        outputs = self._cap(index, result.outputs)
+        rec: dict[str, Any] = {
+            "index": index,
+            "attempt": self.attempt,
+            "status": status,
+            "execution_count": result.execution_count,
+            "outputs": outputs,
+            "metadata": result.metadata,
+            "start": t0,
+            "end": t0 + duration,
+            "duration": round(duration, 6),
+        }
+        if result.error:
+            rec["error"] = result.error
+        return rec
+
+    def _cap(self, index: int, outputs: list[Any]) -> list[Any]:
+        """Outputs as recorded; over --max-output-bytes the full text goes to the store."""
+        rel = f"outputs/{CellKey(index, self.attempt).name[:-5]}.txt"
+        capped, full = _cap_outputs(outputs, self.spec.limits.max_output_bytes, rel)
+        if full is not None:
+            self._fence()
+            self.store.write(rel, full.encode("utf-8", "replace"))
+            log.warning(
+                "cell %d printed %d characters; the notebook keeps the head and tail, "
+                "the whole text is in %s/%s",
+                index,
+                len(full),
+                self.store.url,
+                rel,
+            )
+        return capped
+
+    def _commit(self, index: int, record: dict[str, Any]) -> None:
+        self._fence()
+        self.store.write_cell(index, self.attempt, record)
+        self.records[index] = record
+
+    def _commit_failure(self, index: int, t0: float, ename: str, evalue: str) -> None:
+        cell = self.nb.cells[index]
+        outputs = list(cell.get("outputs", []))
+        outputs.append(
+            {
+                "output_type": "error",
+                "ename": ename,
+                "evalue": evalue,
+                "traceback": [f"spotbook: {ename}: {evalue}"],
+            }
+        )
+        rec = {
+            "index": index,
+            "attempt": self.attempt,
+            "status": "failed",
+            "execution_count": cell.get("execution_count"),
+            "outputs": self._cap(index, outputs),
+            "metadata": {},
+            "start": t0,
+            "end": self.opts.clock(),
+            "duration": round(self.opts.clock() - t0, 6),
+            "error": {"ename": ename, "evalue": evalue},
+        }
+        with contextlib.suppress(SupersededError):
+            self._commit(index, rec)
+
+    # -- output --------------------------------------------------------------------
+    def _run_meta(self, final: bool) -> dict[str, Any]:
+        return {
+            "run_id": self.spec.run_id,
+            "run_dir": self.store.url,
+            "parameters": self.spec.parameters,
+            "attempt": self.attempt,
+            "input_path": self.spec.source,
+            "output_path": self.spec.output,
+            "final": final,
+        }
+
+    def _refresh(
+        self,
+        *,
+        force: bool = False,
+        final: bool = False,
+        running: int | None = None,
+        to_output: bool | None = None,
+    ) -> int:
+        """Write output.ipynb if due (and OUTPUT when the attempt ends); returns its size."""
+        now = time.monotonic()
+        due = now - self._last_refresh >= max(self.opts.output_refresh, 20 * self._refresh_cost)
+        if not (force or due):
+            return 0
+        nb = nbs.assemble(self.nb, self.records, run_meta=self._run_meta(final), running=running)
+        data = nbs.dumps(nb).encode()
+        self.store.write("output.ipynb", data)
+        if (final if to_output is None else to_output) and self.spec.output:
+            from ._store import write_url
+
+            write_url(self.spec.output, data)
+        self._last_refresh = time.monotonic()
+        self._refresh_cost = self._last_refresh - now
+        return len(data)
+
+    def _finish_already_done(self) -> RunResult:
+        log.info("run %s has already finished; writing its output again", self.spec.run_id)
+        run = self.store.require_run()
+        self.attempt = int(run.get("attempt", 0))
+        size = self._refresh(force=True, final=True)
+        return RunResult(
+            run_id=self.spec.run_id,
+            url=self.store.url,
+            status=RunStatus.SUCCEEDED,
+            cells_done=len(self.records),
+            cells_total=sum(1 for c in self.nb.cells if nbs.executable(c)),
+            attempt=self.attempt,
+            output_bytes=size,
+            notes=["already finished"],
+        )
+
+    # -- snapshots ------------------------------------------------------------------
+    async def _snapshot(self, index: int) -> None:
+        assert self.session is not None
+        m0 = time.monotonic()
+        expr = f"{_KERNEL_MODULE}.snapshot({self.store.url!r})"
+        try:
+            raw = await self._race(
+                self.session.evaluate(expr), grace=self.spec.limits.grace, index=index
+            )
+        except RuntimeError as exc:
+            self._snap_enabled = False
+            log.warning(
+                "kernel-state snapshots are off for this run: the kernel cannot import "
+                "spotbook (%s); a resume will replay the finished cells instead",
+                exc,
+            )
+            return
+        manifest = json.loads(raw)
+        variables = manifest["vars"]
+        doc = {
+            "after": index,
+            "attempt": self.attempt,
+            "vars": variables,
+            "mac": sign(self.store.key(), variables),
+            "bytes_written": manifest["written"],
+            "kernel_seconds": manifest["seconds"],
+        }
+        self._fence()
+        self.store.write_json(f"state/snap/{CellKey(index, self.attempt).name}", doc)
+        cost = time.monotonic() - m0
+        self._snap_cost = cost
+        self._compute_since_snap = 0.0
+        log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
+
+    async def _restore(self, start: int) -> ResumePlan:
+        """Restore the newest usable snapshot and replay what the plan says."""
+        assert self.session is not None
+        m0 = time.monotonic()
+        snap_key = max(
+            (k for i, k in self.store.snapshot_keys().items() if i < start),
+            key=lambda k: k.index,
+            default=None,
+        )
+        failed: dict[str, str] = {}
+        snap_doc = None
+        if snap_key is not None and self._snap_enabled:
+            snap_doc = self.store.read_json(f"state/snap/{snap_key.name}")
+            failed = await self._load_snapshot(snap_doc, None, start)
+        plan = plan_resume(
+            start=start,
+            executable=[nbs.executable(c) for c in self.nb.cells],
+            sources=nbs.cell_sources(self.nb),
+            tags=nbs.cell_tags(self.nb),
+            snapshot_after=snap_doc["after"] if snap_doc else None,
+            unrestored=frozenset(failed),
+            transform=python_transform,
+        )
+        for index in plan.head:
+            await self._replay(index)
+        if snap_doc is not None and plan.restore_again:
+            await self._load_snapshot(snap_doc, sorted(plan.restore_again), start)
+        for index in plan.tail:
+            await self._replay(index)
+        last_count = max((r.get("execution_count") or 0 for r in self.records.values()), default=0)
+        if last_count:
+            with contextlib.suppress(RuntimeError):
+                await self.session.evaluate(
+                    f"{_KERNEL_MODULE}.set_execution_count({last_count + 1})"
+                )
+        redone = sum(float(self.records.get(i, {}).get("duration") or 0.0) for i in plan.replay)
+        self.attempt_rec.update(
+            restored_snapshot=snap_key.name if snap_key else None,
+            unrestored=sorted(failed),
+            replayed=list(plan.replay),
+            restore_seconds=round(time.monotonic() - m0, 3),
+            redone_seconds=round(redone, 3),
+        )
+        self.store.update_attempt(self.attempt, self.attempt_rec)
+        log.info(
+            "restored %s; replayed cells %s (%s)",
+            snap_key.name if snap_key else "no snapshot",
+            list(plan.replay),
+            "; ".join(f"{i}: {why}" for i, why in sorted(plan.reasons.items())) or "none",
+        )
+        return plan
+
+    async def _load_snapshot(
+        self, doc: dict[str, Any], only: list[str] | None, index: int
+    ) -> dict[str, str]:
+        assert self.session is not None
+        if sign(self.store.key(), doc["vars"]) != doc.get("mac"):
+            raise SnapshotIntegrityError(
+                f"snapshot after cell {doc.get('after')} in {self.store.url} failed its "
+                "integrity check (HMAC) and was not loaded; the store was modified or the "
+                "key changed. Rerun from the start with `spotbook run ... --restart`"
+            )
+        manifest = json.dumps({"vars": doc["vars"], "mac": doc["mac"]})
+        key = self.store.key().decode()
+        expr = f"{_KERNEL_MODULE}.restore({self.store.url!r}, {manifest!r}, {key!r}, {only!r})"
+        try:
+            raw = await self._race(self.session.evaluate(expr), grace=0.0, index=index)
+        except RuntimeError as exc:
+            log.warning("could not restore kernel state (%s); replaying instead", exc)
+            self._snap_enabled = False
+            return dict.fromkeys(doc["vars"], str(exc))
+        result = json.loads(raw)
+        if "integrity" in result:
+            raise SnapshotIntegrityError(
+                f"snapshot after cell {doc.get('after')} was refused by the kernel: "
+                f"{result['integrity']}; rerun with --restart"
+            )
+        failed: dict[str, str] = result["failed"]
+        return failed
+
+    async def _replay(self, index: int) -> None:
+        assert self.session is not None
+        cell = self.nb.cells[index]
+        saved = list(cell.get("outputs", []))
+        result = await self._race(
+            self.session.run_cell(cell, index, store_history=False), grace=0.0, index=index
+        )
+        cell.outputs = saved
+        if result.error and not result.allowed_error:
+            raise CellExecutionError(
+                cell_index=index,
+                execution_count=None,
+                ename=result.error["ename"],
+                evalue=f"{result.error['evalue']} (while replaying cell {index} to rebuild "
+                "kernel state on resume; rerun with --restart if it cannot be replayed)",
+            )
+
+
+_INTERRUPTED = {Outcome.PREEMPTED.value, Outcome.KILLED.value, Outcome.RUNNING.value}
+
+
+def _cap_outputs(outputs: list[Any], limit: int, where: str) -> tuple[list[Any], str | None]:
+    """Keep a cell's stream text under ``limit`` characters: head and tail, with a note.
+
+    Returns the outputs to record and, when something was cut, the full text.
+    """
+    streams = [o for o in outputs if o.get("output_type") == "stream"]
+    total = sum(len(o.get("text", "")) for o in streams)
+    if total <= limit:
+        return [dict(o) for o in outputs], None
+    full = "".join(o.get("text", "") for o in streams)
+    out = []
+    for o in outputs:
+        o = dict(o)
+        if o.get("output_type") == "stream":
+            text = o["text"]
+            share = max(2, limit * len(text) // total)
+            if len(text) > share:
+                head, tail = text[: share // 2], text[-(share // 2) :]
+                omitted = len(text) - len(head) - len(tail)
+                o["text"] = (
+                    f"{head}\n[spotbook: {omitted} characters omitted: the cell printed "
+                    f"{total} characters, over the --max-output-bytes limit of {limit}; the "
+                    f"whole text is in the run store at {where}]\n{tail}"
+                )
+        out.append(o)
+    return out, full

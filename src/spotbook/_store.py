@@ -1,0 +1,345 @@
+"""The run store: one layout on any fsspec URL. The only module that imports fsspec.
+
+Layout under the run's URL::
+
+    run.json                 spec + status, rewritten atomically on state changes
+    key                      HMAC key for snapshots (unless SPOTBOOK_SNAPSHOT_KEY is set)
+    input.ipynb              the parameterised notebook, frozen at creation
+    output.ipynb             assembled notebook, refreshed on a throttle and at the end
+    cells/NNNNN-aMMMM.json   one record per finished cell, written by attempt MMMM
+    attempts/MMMM.json       one record per attempt, created exclusively (the fence)
+    state/blobs/SHA256       content-addressed pickles of kernel variables
+    state/snap/NNNNN-aMMMM.json   snapshot manifest taken after cell NNNNN
+    files/                   the notebook's checkpoint directory
+
+Every write is "new object, then pointer": records are new objects whose names
+carry the attempt; a record of attempt A counts only for cells before the point
+where attempt A+1 took over (``attempts/A+1.json`` says where), so a stale
+attempt can never change what a newer one sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from ._errors import InputNotFoundError, RunNotFoundError, StorageError, UsageError
+
+log = logging.getLogger(__name__)
+
+LOCAL_RUNS = os.path.join(".spotbook", "runs")
+_CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
+_ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
+
+
+def new_run_id(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def is_url(text: str) -> bool:
+    return "://" in text
+
+
+def resolve_run(run: str, base: str = ".") -> str:
+    """A run id or URL/path to the run store's URL."""
+    if is_url(run):
+        return run
+    if os.sep in run or os.path.isdir(run):
+        return os.path.abspath(run)
+    return os.path.abspath(os.path.join(base, LOCAL_RUNS, run))
+
+
+def _fs(url: str) -> tuple[Any, str]:
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        return fs, str(path)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(
+            f"cannot open {url!r}: {exc}; install the fsspec backend for that scheme "
+            "(e.g. gcsfs for gs://, s3fs for s3://)"
+        ) from exc
+
+
+def read_url(url: str) -> bytes:
+    """Bytes of an input path or URL."""
+    fs, path = _fs(url)
+    try:
+        with fs.open(path, "rb") as fh:
+            data: bytes = fh.read()
+            return data
+    except FileNotFoundError as exc:
+        raise InputNotFoundError(f"{url!r} does not exist; check the path or URL") from exc
+    except IsADirectoryError as exc:
+        raise InputNotFoundError(f"{url!r} is a directory, not a notebook file") from exc
+    except OSError as exc:
+        raise StorageError(f"cannot read {url!r}: {exc}") from exc
+
+
+def write_url(url: str, data: bytes) -> None:
+    """Write an output path or URL (atomically on local disks)."""
+    fs, path = _fs(url)
+    try:
+        if isinstance(fs, LocalFileSystem):
+            _atomic_local(path, data)
+        else:
+            fs.pipe_file(path, data)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot write {url!r}: {exc}; choose a writable output location"
+        ) from exc
+
+
+def check_writable(url: str) -> None:
+    """Fail early (before any compute) when an output location cannot be written."""
+    fs, path = _fs(url)
+    if not isinstance(fs, LocalFileSystem):
+        return  # object stores: the first write tells; nothing is lost (the store has it)
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise UsageError(f"output {url!r} is a directory; give a file name ending in .ipynb")
+    if not os.path.isdir(parent):
+        raise UsageError(f"output directory {parent!r} does not exist; create it first")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"output {url!r} is not writable; choose another location")
+
+
+def _atomic_local(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass(frozen=True)
+class CellKey:
+    index: int
+    attempt: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:05d}-a{self.attempt:04d}.json"
+
+    @classmethod
+    def parse(cls, name: str) -> CellKey | None:
+        m = _CELL_RE.match(name)
+        return cls(int(m.group(1)), int(m.group(2))) if m else None
+
+
+class RunStore:
+    """Reads and writes one run's store. Safe to use from the runner and the kernel."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.fs, self.root = _fs(url)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.bytes_written = 0
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.url!r})"
+
+    # -- primitives -------------------------------------------------------
+    def path(self, rel: str) -> str:
+        return f"{self.root.rstrip('/')}/{rel}"
+
+    @contextlib.contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Atomically replace ``rel`` (new object, then rename where that exists)."""
+        with self._translate(f"write {rel}"):
+            path = self.path(rel)
+            if self.local:
+                try:
+                    _atomic_local(path, data)
+                except FileNotFoundError:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    _atomic_local(path, data)
+            else:
+                self.fs.pipe_file(path, data)
+        self.bytes_written += len(data)
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write ``rel`` only if it does not exist; False if it did (the fence)."""
+        path = self.path(rel)
+        with self._translate(f"create {rel}"):
+            if self.local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                try:
+                    # Link a complete temp file into place: exclusive and never half-written.
+                    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+                    with open(tmp, "wb") as fh:
+                        fh.write(data)
+                    try:
+                        os.link(tmp, path)
+                    finally:
+                        os.unlink(tmp)
+                except FileExistsError:
+                    return False
+            else:
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, data)
+        self.bytes_written += len(data)
+        return True
+
+    def read(self, rel: str) -> bytes | None:
+        """Bytes of ``rel``, or None if it does not exist."""
+        path = self.path(rel)
+        with self._translate(f"read {rel}"):
+            try:
+                if self.local:
+                    with open(path, "rb") as fh:
+                        return fh.read()
+                data: bytes = self.fs.cat_file(path)
+                return data
+            except FileNotFoundError:
+                return None
+
+    def exists(self, rel: str) -> bool:
+        with self._translate(f"look up {rel}"):
+            if self.local:
+                return os.path.exists(self.path(rel))
+            return bool(self.fs.exists(self.path(rel)))
+
+    def names(self, rel_dir: str) -> list[str]:
+        """File names directly under ``rel_dir`` (empty if it does not exist)."""
+        path = self.path(rel_dir)
+        with self._translate(f"list {rel_dir}"):
+            try:
+                if self.local:
+                    return sorted(n for n in os.listdir(path) if ".tmp-" not in n)
+                return sorted(
+                    p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False)
+                )
+            except FileNotFoundError:
+                return []
+
+    def write_json(self, rel: str, obj: Any) -> None:
+        self.write(rel, json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
+
+    def read_json(self, rel: str) -> Any:
+        data = self.read(rel)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise StorageError(f"run store {self.url}: {rel} is corrupt ({exc})") from exc
+
+    # -- run ---------------------------------------------------------------
+    def require_run(self) -> dict[str, Any]:
+        data = self.read_json("run.json")
+        if data is None:
+            raise RunNotFoundError(f"no spotbook run at {self.url}; list runs with `spotbook runs`")
+        assert isinstance(data, dict)
+        return data
+
+    def key(self) -> bytes:
+        env = os.environ.get("SPOTBOOK_SNAPSHOT_KEY")
+        if env:
+            return env.encode()
+        data = self.read("key")
+        if data is None:
+            self.create("key", secrets.token_hex(32).encode())
+            data = self.read("key")
+        assert data is not None
+        return data.strip()
+
+    # -- attempts ------------------------------------------------------------
+    def attempt_numbers(self) -> list[int]:
+        out = []
+        for name in self.names("attempts"):
+            m = _ATTEMPT_RE.match(name)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def attempts(self) -> list[dict[str, Any]]:
+        return [self.read_json(f"attempts/{n:04d}.json") or {} for n in self.attempt_numbers()]
+
+    def claim_attempt(self, record: dict[str, Any]) -> int:
+        """Create the next attempt record exclusively; returns its number."""
+        while True:
+            numbers = self.attempt_numbers()
+            n = (numbers[-1] if numbers else 0) + 1
+            record = {**record, "attempt": n}
+            if self.create(f"attempts/{n:04d}.json", json.dumps(record).encode()):
+                return n
+            log.debug("attempt %d was claimed by another runner; trying the next", n)
+
+    def update_attempt(self, n: int, record: dict[str, Any]) -> None:
+        self.write_json(f"attempts/{n:04d}.json", record)
+
+    def superseded(self, n: int) -> bool:
+        return self.exists(f"attempts/{n + 1:04d}.json")
+
+    # -- cells -----------------------------------------------------------------
+    def write_cell(self, index: int, attempt: int, record: dict[str, Any]) -> None:
+        self.write_json(f"cells/{CellKey(index, attempt).name}", record)
+
+    def valid_keys(self, prefix: str, names: list[str]) -> dict[int, CellKey]:
+        """For each cell index, the newest record that counts (see module doc)."""
+        takeover = self._takeover_points()
+        best: dict[int, CellKey] = {}
+        for name in names:
+            key = CellKey.parse(name)
+            if key is None:
+                continue
+            limit = takeover.get(key.attempt + 1)
+            if limit is not None and key.index >= limit:
+                continue  # written by an attempt after a newer one took over
+            if key.index not in best or key.attempt > best[key.index].attempt:
+                best[key.index] = key
+        return best
+
+    def _takeover_points(self) -> dict[int, int]:
+        points = {}
+        for rec in self.attempts():
+            if "attempt" in rec:
+                points[int(rec["attempt"])] = int(rec.get("resumed_from", 0))
+        # A later attempt's takeover also bounds every earlier attempt.
+        bound: dict[int, int] = {}
+        running_min: int | None = None
+        for n in sorted(points, reverse=True):
+            running_min = points[n] if running_min is None else min(running_min, points[n])
+            bound[n] = running_min
+        return bound
+
+    def cell_records(self) -> dict[int, dict[str, Any]]:
+        keys = self.valid_keys("cells", self.names("cells"))
+        out = {}
+        for index, key in keys.items():
+            rec = self.read_json(f"cells/{key.name}")
+            if rec is not None:
+                out[index] = rec
+        return out
+
+    # -- snapshots ---------------------------------------------------------------
+    def blob_path(self, digest: str) -> str:
+        return f"state/blobs/{digest}"
+
+    def snapshot_keys(self) -> dict[int, CellKey]:
+        return self.valid_keys("state/snap", self.names("state/snap"))

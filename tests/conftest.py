@@ -1,0 +1,91 @@
+"""Shared helpers: the CLI as a real subprocess, notebooks on disk, store probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+NOTEBOOKS = HERE / "notebooks"
+SHARED = HERE.parent.parent / "shared" / "notebooks"
+
+
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180):
+    """Run ``spotbook ARGS`` as a subprocess; return the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "spotbook", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "spotbook", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
+    """Poll a real process's observable effect until it holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or predicate}")
+
+
+def cells_committed(run_dir: Path) -> int:
+    """Number of cell records in a run store (all attempts)."""
+    d = run_dir / "cells"
+    return len([n for n in os.listdir(d) if n.endswith(".json")]) if d.is_dir() else 0
+
+
+def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> tuple[int, str]:
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def comparable(nb: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
+    """What must match between two runs of a deterministic notebook."""
+    out = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            out.append((cell["cell_type"], cell["source"], None))
+            continue
+        outputs = [
+            {k: v for k, v in o.items() if k != "metadata" or v} for o in cell.get("outputs", [])
+        ]
+        out.append((cell["source"], cell.get("execution_count"), outputs))
+    return out
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A working directory with copies of the repo's test notebooks."""
+    for nb in NOTEBOOKS.iterdir():
+        (tmp_path / nb.name).write_bytes(nb.read_bytes())
+    return tmp_path

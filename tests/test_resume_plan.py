@@ -1,0 +1,73 @@
+"""The resume planner (pure): which cells are replayed and why."""
+
+from __future__ import annotations
+
+from spotbook._executor import python_transform
+from spotbook._resume import cell_names, plan_resume
+
+SOURCES = [
+    "import os\nimport numpy as np",  # 0
+    "data = np.arange(10)\nfh = open('f')",  # 1
+    "gen = (x for x in data)",  # 2
+    "with open('m', 'a') as marker:\n    marker.write('x')\nexpensive = 1",  # 3
+    "data[0] = 5\ntotal = sum(data)",  # 4
+    "print(next(gen), fh.read(), total)",  # 5
+]
+EXE = [True] * len(SOURCES)
+NOTAGS: list[list[str]] = [[] for _ in SOURCES]
+
+
+def test_names_bound_and_read() -> None:
+    n = cell_names("import a.b as c, d.e\nfrom f import g\nx, y = 1, 2\ndef h(p):\n    q = p\n"
+                   "class K: pass\nz += w\nfor i in r: pass\nm[0] = 1")
+    assert n.binds == {"c", "d", "g", "x", "y", "h", "K", "z", "i"}
+    assert {"w", "r", "p", "m"} <= n.reads and "q" not in n.binds
+
+
+def test_ipython_syntax_is_understood() -> None:
+    n = cell_names("%matplotlib inline\nfiles = !ls\nx = 1", python_transform)
+    assert {"files", "x"} <= n.binds
+    assert cell_names("%%bash\necho hi", python_transform).binds == frozenset()
+    assert cell_names("def (:", None).binds == frozenset()  # syntax errors bind nothing
+
+
+def test_without_a_snapshot_everything_is_replayed() -> None:
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS,
+                       snapshot_after=None)
+    assert plan.replay == (0, 1, 2, 3, 4)
+
+
+def test_only_producers_of_unrestored_variables_a_later_cell_reads() -> None:
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=4,
+                       unrestored=frozenset({"fh", "gen", "marker"}))
+    # 'marker' is a closed file no later cell reads: cell 3 (expensive) is not replayed.
+    assert plan.head == (1, 2) and plan.tail == ()
+    assert "fh" in plan.reasons[1] and "gen" in plan.reasons[2]
+    # Replaying cell 1 rebinds 'data'; it is restored again before the tail.
+    assert "data" in plan.restore_again and "fh" not in plan.restore_again
+
+
+def test_cells_after_the_snapshot_form_the_tail() -> None:
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=2)
+    assert plan.head == () and plan.tail == (3, 4)
+
+
+def test_transitive_producers_are_replayed() -> None:
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=4,
+                       unrestored=frozenset({"gen", "data"}))
+    assert plan.head == (1, 2)
+
+
+def test_tags_force_or_forbid_replay() -> None:
+    tags = [["spotbook-replay"], ["spotbook-no-replay"], [], [], [], []]
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=tags, snapshot_after=4,
+                       unrestored=frozenset({"fh"}))
+    assert plan.head == (0,)
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=tags, snapshot_after=None)
+    assert 1 not in plan.replay
+
+
+def test_non_executable_cells_are_never_replayed() -> None:
+    exe = [True, False, True, True, True, True]
+    plan = plan_resume(start=5, executable=exe, sources=SOURCES, tags=NOTAGS, snapshot_after=None)
+    assert 1 not in plan.replay

@@ -1,0 +1,196 @@
+"""Pure parts: parameters, notebook handling, snapshot policy, exit codes, exports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import spotbook
+from spotbook import _notebook as nbs
+from spotbook._cli import exit_code
+from spotbook._errors import (
+    CellExecutionError,
+    InputChangedError,
+    KernelDiedError,
+    NotebookFormatError,
+    ParameterError,
+    PreemptionBudgetError,
+    RunTimeoutError,
+    StorageError,
+    SupersededError,
+    Terminated,
+)
+from spotbook._models import Limits, SnapshotMode, SnapshotPolicy
+from spotbook._parameters import collect_parameters, render_python, resolve_type
+from spotbook._store import CellKey, RunStore
+
+from .conftest import NOTEBOOKS
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert spotbook.__all__ == sorted(spotbook.__all__)
+    public = {n for n in dir(spotbook) if not n.startswith("_")}
+    assert set(spotbook.__all__) <= public
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1", 1), ("-3", -3), ("0.5", 0.5), ("1e3", 1000.0), ("True", True), ("False", False),
+     ("None", None), ("true", "true"), ("abc", "abc"), ("", "")],
+)
+def test_values_typed_like_papermill(text: str, value: object) -> None:
+    got = resolve_type(text)
+    assert got == value and type(got) is type(value)
+
+
+def test_parameter_sources_merge_in_papermill_order(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("a: 1\nb: from-file\nc: [1, 2]\n")
+    params = collect_parameters(
+        files=[str(f)], yaml_strings=["b: from-yaml\nd: {x: 1}"],
+        typed=[("a", "2")], raw=[("e", "3")],
+    )
+    assert params == {"a": 2, "b": "from-yaml", "c": [1, 2], "d": {"x": 1}, "e": "3"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"files": ["/nonexistent/p.yaml"]}, "does not exist"),
+        ({"yaml_strings": ["a: [1, 2"]}, "not valid YAML"),
+        ({"yaml_strings": ["- 1\n- 2"]}, "must be a YAML mapping"),
+        ({"typed": [("1abc", "1")]}, "not a valid Python variable name"),
+        ({"typed": [("class", "1")]}, "not a valid Python variable name"),
+    ],
+)
+def test_bad_parameters_are_named(kwargs: dict, message: str) -> None:
+    with pytest.raises(ParameterError, match=message):
+        collect_parameters(**kwargs)
+
+
+def test_rendered_parameters_evaluate_back() -> None:
+    params = {"a": 1, "b": 0.1, "s": "it's \"q\"\n", "n": None, "t": True, "l": [1, "x"],
+              "d": {"k": [1.5]}, "inf": float("inf")}
+    ns: dict = {}
+    exec(render_python(params), ns)
+    assert {k: ns[k] for k in params} == params
+
+
+def _nb(path: str) -> nbs.Notebook:
+    return nbs.parse((NOTEBOOKS / path).read_bytes(), path)
+
+
+def test_parameters_injected_after_the_parameters_cell_and_replaced() -> None:
+    nb = nbs.inject_parameters(_nb("params.ipynb"), {"alpha": 2})
+    tags = [c.metadata.get("tags", []) for c in nb.cells]
+    assert tags[1] == ["parameters"] and tags[2] == ["injected-parameters"]
+    again = nbs.inject_parameters(nb, {"alpha": 3})
+    injected = [c for c in again.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and "alpha = 3" in injected[0].source
+    assert len(again.cells) == len(nb.cells)
+
+
+def test_parameters_go_first_without_a_parameters_cell() -> None:
+    nb = nbs.inject_parameters(_nb("error.ipynb"), {"x": 5})
+    assert nb.cells[0].metadata["tags"] == ["injected-parameters"]
+    assert nbs.inject_parameters(_nb("error.ipynb"), {}).cells == _nb("error.ipynb").cells
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("truncated.ipynb", "does not parse"), ("not_notebook.ipynb", "not a Jupyter notebook"),
+     ("v3.ipynb", "format 3")],
+)
+def test_bad_notebooks_are_refused(name: str, message: str) -> None:
+    with pytest.raises(NotebookFormatError, match=message):
+        nbs.parse((NOTEBOOKS / name).read_bytes(), name)
+
+
+def test_invalid_cell_is_refused() -> None:
+    data = json.loads((NOTEBOOKS / "error.ipynb").read_text())
+    data["cells"][0]["cell_type"] = "bogus"
+    with pytest.raises(NotebookFormatError, match="not a valid notebook"):
+        nbs.parse(json.dumps(data), "x")
+
+
+def test_failed_cell_gets_a_note_at_the_top() -> None:
+    nb = _nb("error.ipynb")
+    records = {
+        0: {"status": "completed", "outputs": [], "execution_count": 1},
+        1: {"status": "failed", "outputs": [], "execution_count": 2,
+            "error": {"ename": "ValueError", "evalue": "bad value 1"}},
+    }
+    out = nbs.assemble(nb, records, run_meta={"parameters": {}})
+    assert out.cells[0].cell_type == "markdown" and "ValueError: bad value 1" in out.cells[0].source
+    assert "In [2]" in out.cells[0].source
+    assert out.cells[2].metadata.spotbook.status == "failed"
+    assert out.cells[3].metadata.spotbook.status == "pending"
+    assert out.metadata.papermill.exception is True
+    nbs.parse(nbs.dumps(out), "assembled")  # still a valid notebook
+
+
+def test_snapshot_policy_is_cost_aware() -> None:
+    auto = SnapshotPolicy()
+    assert auto.due(0.0, None)  # nothing known yet: take one
+    assert not auto.due(1.0, 0.1)  # 1 s of compute vs a 0.1 s snapshot: not yet
+    assert auto.due(2.0, 0.1)
+    assert SnapshotPolicy(interval=0.5).due(0.6, 10.0)
+    assert SnapshotPolicy(SnapshotMode.EVERY_CELL).due(0.0, 100.0)
+    assert not SnapshotPolicy(SnapshotMode.OFF).due(1e9, 0.0)
+    with pytest.raises(spotbook.UsageError, match="every-cell, auto, off"):
+        SnapshotPolicy.parse("sometimes")
+
+
+def test_limits_validate() -> None:
+    with pytest.raises(spotbook.UsageError):
+        Limits(execution_timeout=0)
+    with pytest.raises(spotbook.UsageError):
+        Limits(max_preemptions=-1)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (CellExecutionError(cell_index=1, execution_count=1, ename="E", evalue="v"), 1),
+        (KernelDiedError(cell_index=1, execution_count=None), 1),
+        (ParameterError("x"), 2),
+        (NotebookFormatError("x"), 2),
+        (InputChangedError("x"), 2),
+        (StorageError("x"), 3),
+        (SupersededError("x"), 3),
+        (RunTimeoutError(cell_index=0, timeout=1), 4),
+        (PreemptionBudgetError("x"), 5),
+        (Terminated("SIGTERM", "resume"), 75),
+    ],
+)
+def test_exit_codes_follow_design(exc: Exception, code: int) -> None:
+    assert exit_code(exc) == code
+
+
+def test_cell_timeout_is_also_a_builtin_timeout() -> None:
+    assert issubclass(spotbook.CellTimeoutError, TimeoutError)
+
+
+def test_fencing_ignores_records_of_a_superseded_attempt(tmp_path: Path) -> None:
+    store = RunStore(str(tmp_path / "run"))
+    a1 = store.claim_attempt({"resumed_from": 0})
+    for i in range(4):
+        store.write_cell(i, a1, {"index": i, "status": "completed", "by": a1})
+    a2 = store.claim_attempt({"resumed_from": 2})
+    assert store.superseded(a1) and not store.superseded(a2)
+    store.write_cell(4, a1, {"index": 4, "status": "completed", "by": a1})  # stale write
+    store.write_cell(2, a2, {"index": 2, "status": "completed", "by": a2})
+    recs = store.cell_records()
+    assert {i: r["by"] for i, r in recs.items()} == {0: 1, 1: 1, 2: 2}
+    # A takeover also bounds attempts before the one it superseded.
+    store.claim_attempt({"resumed_from": 1})
+    assert sorted(store.cell_records()) == [0]
+
+
+def test_exclusive_create_is_exclusive(tmp_path: Path) -> None:
+    store = RunStore(str(tmp_path / "run"))
+    assert store.create("attempts/0001.json", b"{}")
+    assert not store.create("attempts/0001.json", b"{}")
+    assert CellKey.parse(CellKey(12, 3).name) == CellKey(12, 3)
