@@ -69,17 +69,29 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _joined(value: Any) -> Any:
+    """nbformat may store multi-line strings as lists of lines; compare them joined."""
+    return "".join(value) if isinstance(value, list) else value
+
+
+def _output(o: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in o.items() if k != "metadata" or v}
+    if "text" in out:
+        out["text"] = _joined(out["text"])
+    if "data" in out:
+        out["data"] = {k: _joined(v) for k, v in out["data"].items()}
+    return out
+
+
 def comparable(nb: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     """What must match between two runs of a deterministic notebook."""
     out = []
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
-            out.append((cell["cell_type"], cell["source"], None))
+            out.append((cell["cell_type"], _joined(cell["source"]), None))
             continue
-        outputs = [
-            {k: v for k, v in o.items() if k != "metadata" or v} for o in cell.get("outputs", [])
-        ]
-        out.append((cell["source"], cell.get("execution_count"), outputs))
+        outputs = [_output(o) for o in cell.get("outputs", [])]
+        out.append((_joined(cell["source"]), cell.get("execution_count"), outputs))
     return out
 
 

@@ -71,3 +71,10 @@ def test_non_executable_cells_are_never_replayed() -> None:
     exe = [True, False, True, True, True, True]
     plan = plan_resume(start=5, executable=exe, sources=SOURCES, tags=NOTAGS, snapshot_after=None)
     assert 1 not in plan.replay
+
+
+def test_unrestored_global_used_inside_a_restored_function_is_replayed() -> None:
+    sources = ["ip = get_ipython()\ndef show(x):\n    ip.display(x)", "y = 1", "show(y)"]
+    plan = plan_resume(start=2, executable=[True] * 3, sources=sources, tags=[[], [], []],
+                       snapshot_after=1, unrestored=frozenset({"ip"}))
+    assert plan.head == (0,)

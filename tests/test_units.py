@@ -115,6 +115,14 @@ def test_invalid_cell_is_refused() -> None:
         nbs.parse(json.dumps(data), "x")
 
 
+def test_schema_problems_are_tolerated_as_nbclient_does() -> None:
+    data = json.loads((NOTEBOOKS / "error.ipynb").read_text())
+    data["cells"][0]["outputs"] = [{"output_type": "stream", "text": "no name"}]
+    data["cells"][1]["source"] = ["print(1)\n", "print(2)"]
+    nb = nbs.parse(json.dumps(data), "x")
+    assert nb.cells[1].source == "print(1)\nprint(2)"
+
+
 def test_failed_cell_gets_a_note_at_the_top() -> None:
     nb = _nb("error.ipynb")
     records = {

@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -297,11 +298,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except SpotbookError as exc:
         code = exit_code(exc)
-        print(f"spotbook: error: {exc}", file=sys.stderr)
+        prefix = "" if isinstance(exc, Terminated) else "error: "
+        print(f"spotbook: {prefix}{exc}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         print("spotbook: interrupted", file=sys.stderr)
         return 75
+    except Exception:
+        # Not a user error: show where, and use the "may pass on retry" code rather
+        # than 1, which tells a Job controller the notebook itself is broken.
+        traceback.print_exc()
+        print("spotbook: internal error: this is a bug in spotbook; please report it with "
+              "the traceback above", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

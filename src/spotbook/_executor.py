@@ -11,6 +11,7 @@ runner can race against a deadline or a termination notice.
 from __future__ import annotations
 
 import ast
+import copy
 import asyncio
 import logging
 import os
@@ -53,11 +54,17 @@ class CellResult:
 
 
 class _Client(NotebookClient):
-    """nbclient's client with a hook that sees each output as it arrives."""
+    """nbclient's client with a hook that sees each output as it arrives, and
+    a note of earlier cells whose displays a message updated."""
 
     on_output: OutputCallback | None = None
+    touched: set[int]
 
     def process_message(self, msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
+        transient = msg["content"].get("transient") or {}
+        display_id = transient.get("display_id")
+        if display_id:
+            self.touched.update(self._display_id_map.get(display_id, {}))
         out = super().process_message(msg, cell, cell_index)
         if self.on_output is not None and out is not None:
             self.on_output(msg["msg_type"], msg["content"])
@@ -87,6 +94,7 @@ class KernelSession:
             record_timing=True,
         )
         self._client.on_output = on_output
+        self._client.touched = set()
         self._client.on_cell_executed = self._on_executed
         self._kernel_name = kernel_name
         self._cwd = cwd
@@ -100,6 +108,11 @@ class KernelSession:
 
     async def start(self) -> None:
         client = self._client
+        try:
+            KernelSpecManager().get_kernel_spec(self._kernel_name)
+        except NoSuchKernel as exc:
+            available = list(KernelSpecManager().find_kernel_specs())
+            raise KernelNotFoundError(self._kernel_name, available) from exc
         try:
             client.km = client.create_kernel_manager()
             # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel.
@@ -160,6 +173,51 @@ class KernelSession:
             allowed_error="raises-exception" in cell.metadata.get("tags", []),
             reply=content,
         )
+
+    def widget_state(self) -> dict[str, Any] | None:
+        """Widget state for the notebook's metadata, as nbclient records it."""
+        self._client.set_widgets_metadata()
+        state = self._client.nb.metadata.get("widgets")
+        return dict(state) if state else None
+
+    def display_ids(self, index: int) -> dict[str, list[int]]:
+        """Which outputs of cell ``index`` carry which display id (for later updates)."""
+        return {
+            did: list(cells[index])
+            for did, cells in self._client._display_id_map.items()
+            if cells.get(index)
+        }
+
+    def seed_cell(self, index: int, outputs: list[Any], display_ids: dict[str, list[int]]) -> None:
+        """On resume: put a finished cell's outputs back so later display updates reach it."""
+        self._client.nb.cells[index].outputs = outputs
+        for did, idxs in display_ids.items():
+            self._client._display_id_map.setdefault(did, {})[index] = list(idxs)
+
+    def take_touched(self, current: int) -> set[int]:
+        """Earlier cells whose outputs a display update changed since the last call."""
+        touched = self._client.touched - {current}
+        self._client.touched = set()
+        return touched
+
+    async def replay_cell(self, index: int) -> CellResult:
+        """Run cell ``index`` again to rebuild kernel state; its outputs are discarded.
+
+        The notebook's recorded outputs and display-id links stay as they were: a
+        scratch copy runs, and display updates cannot reach other cells meanwhile.
+        """
+        client = self._client
+        original = client.nb.cells[index]
+        links = client._display_id_map
+        client._display_id_map = {}
+        scratch = copy.deepcopy(original)
+        scratch.outputs = []
+        try:
+            return await self.run_cell(scratch, index, store_history=False)
+        finally:
+            client.nb.cells[index] = original
+            client._display_id_map = links
+            client.touched = set()
 
     async def _reply(self, msg_id: str, timeout: float | None) -> dict[str, Any]:
         kc = self._kc

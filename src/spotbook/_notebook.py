@@ -10,6 +10,7 @@ import copy
 import datetime
 import hashlib
 import json
+import logging
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,8 @@ from ._errors import NotebookFormatError, ParameterError
 from ._parameters import render_python
 
 Notebook = Any  # nbformat.NotebookNode; untyped upstream
+log = logging.getLogger(__name__)
+_CELL_TYPES = frozenset({"code", "markdown", "raw"})
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 ERROR_TAG = "spotbook-error"
@@ -46,17 +49,24 @@ def parse(text: str | bytes, where: str) -> Notebook:
             f"{where} is in notebook format {major}, spotbook runs format 4; convert it with "
             "`jupyter nbconvert --to notebook --nbformat 4 FILE`"
         )
+    cells = data.get("cells")
+    if not isinstance(cells, list) or not all(
+        isinstance(c, dict) and c.get("cell_type") in _CELL_TYPES and "source" in c
+        for c in cells
+    ):
+        raise NotebookFormatError(
+            f"{where} is not a valid notebook: every cell needs a cell_type "
+            "(code, markdown or raw) and a source; open and re-save it in Jupyter to repair it"
+        )
     with warnings.catch_warnings():
-        # nbformat warns (and normalises) on missing cell ids etc.; we validate below.
+        # nbformat warns (and normalises) on missing cell ids and the like.
         warnings.simplefilter("ignore")
+        nb = nbformat.reads(json.dumps(data), as_version=4)
         try:
-            nb = nbformat.from_dict(data)
             nbformat.validate(nb)
         except nbformat.ValidationError as exc:
-            raise NotebookFormatError(
-                f"{where} is not a valid notebook: {exc.message}; "
-                "open and re-save it in Jupyter to repair it"
-            ) from exc
+            # nbclient and papermill run such notebooks; so do we, and say so.
+            log.warning("%s has format problems (%s); running it anyway", where, exc.message)
     return nb
 
 
@@ -67,10 +77,13 @@ def kernel_name(nb: Notebook, override: str | None) -> str:
     return str(spec.get("name") or "python3")
 
 
-def _new_cell_id(nb: Notebook) -> dict[str, str]:
+def _fit_cell(nb: Notebook, cell: Any) -> Any:
+    """Cell ids exist from nbformat 4.5 on; older notebooks must not have them."""
     if (nb.nbformat, nb.nbformat_minor) >= (4, 5):
-        return {"id": uuid.uuid4().hex[:8]}
-    return {}
+        cell["id"] = uuid.uuid4().hex[:8]
+    else:
+        cell.pop("id", None)
+    return cell
 
 
 def inject_parameters(nb: Notebook, params: Mapping[str, Any]) -> Notebook:
@@ -87,7 +100,7 @@ def inject_parameters(nb: Notebook, params: Mapping[str, Any]) -> Notebook:
             "into Python notebooks only"
         )
     cells = [c for c in nb.cells if INJECTED_TAG not in c.metadata.get("tags", [])]
-    new = nbformat.v4.new_code_cell(source=render_python(params), **_new_cell_id(nb))
+    new = _fit_cell(nb, nbformat.v4.new_code_cell(source=render_python(params)))
     new.metadata["tags"] = [INJECTED_TAG]
     where = next(
         (i + 1 for i, c in enumerate(cells) if PARAMETERS_TAG in c.metadata.get("tags", [])),
@@ -186,7 +199,7 @@ def _error_cell(nb: Notebook, index: int, rec: Mapping[str, Any]) -> Any:
         f"\n\n`{err.get('ename', 'Error')}: {err.get('evalue', '')}`\n\n"
         "The failing cell shows the traceback; its metadata has `spotbook.status = failed`."
     )
-    cell = nbformat.v4.new_markdown_cell(source=text, **_new_cell_id(nb))
+    cell = _fit_cell(nb, nbformat.v4.new_markdown_cell(source=text))
     cell.metadata["tags"] = [ERROR_TAG]
     return cell
 
@@ -208,5 +221,6 @@ def count_code_cells(nb: Notebook) -> int:
     return sum(1 for c in nb.cells if c.cell_type == "code")
 
 
-def outputs_of(nb: Notebook) -> Sequence[Any]:
-    return [c.get("outputs", []) for c in nb.cells]
+def outputs_copy(outputs: Sequence[Any]) -> list[Any]:
+    """Recorded outputs as NotebookNodes a client can update in place."""
+    return [nbformat.from_dict(copy.deepcopy(o)) for o in outputs]

@@ -94,6 +94,10 @@ def cell_names(source: str, transform: Transform | None = None) -> CellNames:
     return CellNames(frozenset(binds), frozenset(reads))
 
 
+def _last_binder(names: dict[int, CellNames], name: str) -> int | None:
+    return next((i for i in sorted(names, reverse=True) if name in names[i].binds), None)
+
+
 def plan_resume(
     *,
     start: int,
@@ -117,25 +121,34 @@ def plan_resume(
     head: set[int] = {i for i in names if REPLAY_TAG in tags[i]}
     for i in head:
         reasons[i] = f"tagged {REPLAY_TAG}"
-    # An unrestored variable no later cell reads (a closed file left by `with open`)
+    # An unrestored variable nothing later reads (a closed file left by `with open`)
     # does not need its cell replayed: that cell may be expensive or touch the world.
+    # "Later reads" include, transitively, what the cells that bound those names read
+    # (a restored function whose body uses an unrestored global).
     later_reads: set[str] = set()
     for i in range(snapshot_after + 1, len(sources)):
         if executable[i]:
             later_reads |= cell_names(sources[i], transform).reads
+    frontier = set(later_reads)
+    while frontier:
+        name = frontier.pop()
+        binder = _last_binder(names, name)
+        if binder is not None:
+            new = names[binder].reads - later_reads
+            later_reads |= new
+            frontier |= new
     missing = set(unrestored) & later_reads
     resolved: set[str] = set()
     while missing:
         name = missing.pop()
         resolved.add(name)
-        producer = next((i for i in reversed(list(names)) if name in names[i].binds), None)
+        producer = _last_binder(names, name)
         if producer is None or producer in never:
             continue
         if producer not in head:
             reasons[producer] = f"binds {name!r}, which was not restored"
             head.add(producer)
         missing |= (names[producer].reads & set(unrestored)) - resolved
-        later_reads |= names[producer].reads
     head -= never
     touched: set[str] = set()
     for i in head:

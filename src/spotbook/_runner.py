@@ -266,6 +266,11 @@ class Runner:
             await self._race(self.session.start(), grace=0.0, index=start)
             self.attempt_rec["kernel_start_seconds"] = round(time.monotonic() - started, 3)
             self.nb.metadata["language_info"] = self.session.language_info
+            _complete_kernelspec(self.nb, self.spec.kernel_name, self.session.language_info)
+            for index, rec in self.records.items():
+                self.session.seed_cell(
+                    index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
+                )
             plan = await self._restore(start) if start > 0 else None
             self._progress_start = start
             self._refresh(force=True, running=start)
@@ -392,7 +397,7 @@ class Runner:
                 status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
             record = self._record(index, result, t0, duration, status)
             self._commit(index, record)
-            cell.outputs = []  # the record holds them now; keep one copy in memory
+            self._recommit_updated_displays(index)
             if self.opts.on_progress:
                 self.opts.on_progress(len(self.records), total)
             if status == "failed":
@@ -430,6 +435,10 @@ class Runner:
         }
         if result.error:
             rec["error"] = result.error
+        assert self.session is not None
+        display_ids = self.session.display_ids(index)
+        if display_ids:
+            rec["display_ids"] = display_ids
         return rec
 
     def _cap(self, index: int, outputs: list[Any]) -> list[Any]:
@@ -453,6 +462,15 @@ class Runner:
         self._fence()
         self.store.write_cell(index, self.attempt, record)
         self.records[index] = record
+
+    def _recommit_updated_displays(self, index: int) -> None:
+        """A cell may update a display an earlier cell made (display_id): re-record it."""
+        assert self.session is not None
+        for earlier in sorted(self.session.take_touched(index)):
+            rec = self.records.get(earlier)
+            if rec is not None:
+                outputs = list(self.nb.cells[earlier].get("outputs", []))
+                self._commit(earlier, {**rec, "outputs": self._cap(earlier, outputs)})
 
     def _commit_failure(self, index: int, t0: float, ename: str, evalue: str) -> None:
         cell = self.nb.cells[index]
@@ -648,12 +666,7 @@ class Runner:
 
     async def _replay(self, index: int) -> None:
         assert self.session is not None
-        cell = self.nb.cells[index]
-        saved = list(cell.get("outputs", []))
-        result = await self._race(
-            self.session.run_cell(cell, index, store_history=False), grace=0.0, index=index
-        )
-        cell.outputs = saved
+        result = await self._race(self.session.replay_cell(index), grace=0.0, index=index)
         if result.error and not result.allowed_error:
             raise CellExecutionError(
                 cell_index=index,
@@ -665,6 +678,19 @@ class Runner:
 
 
 _INTERRUPTED = {Outcome.PREEMPTED.value, Outcome.KILLED.value, Outcome.RUNNING.value}
+
+
+def _complete_kernelspec(nb: Any, name: str, language_info: dict[str, Any]) -> None:
+    """Fill in a partial kernelspec (some notebooks have only a language) so the output
+    notebook validates and reopens with the kernel that ran it."""
+    spec = dict(nb.metadata.get("kernelspec") or {})
+    if spec.get("name") and spec.get("display_name"):
+        return
+    spec.setdefault("name", name)
+    spec.setdefault("display_name", name)
+    if language_info.get("name"):
+        spec.setdefault("language", language_info["name"])
+    nb.metadata["kernelspec"] = spec
 
 
 def _cap_outputs(outputs: list[Any], limit: int, where: str) -> tuple[list[Any], str | None]:

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import secrets
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,8 +112,13 @@ def check_writable(url: str) -> None:
         raise UsageError(f"output {url!r} is a directory; give a file name ending in .ipynb")
     if not os.path.isdir(parent):
         raise UsageError(f"output directory {parent!r} does not exist; create it first")
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"output {url!r} is not writable; choose another location")
+    try:  # a real probe: permission bits say nothing for root or read-only mounts
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".spotbook-probe-")
+        probe.close()
+    except OSError as exc:
+        raise UsageError(
+            f"output {url!r} is not writable ({exc.strerror}); choose another location"
+        ) from exc
 
 
 def _atomic_local(path: str, data: bytes) -> None:

@@ -1,0 +1,218 @@
+"""`spotbook run` as a user runs it: real subprocess, real ipykernel."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from .conftest import cli, load
+
+pytestmark = pytest.mark.slow
+
+
+def _injected(nb: dict) -> str:
+    cell = next(c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", []))
+    return "".join(cell["source"])
+
+
+def _texts(nb: dict) -> str:
+    return "".join(
+        o.get("text", "") + json.dumps(o.get("data", {}))
+        for c in nb["cells"]
+        for o in c.get("outputs", [])
+    )
+
+
+def test_parameters_flags_and_store(work: Path) -> None:
+    (work / "p.yaml").write_text("items: [1, 2]\nname: from-file\n")
+    sub = work / "sub"
+    sub.mkdir()
+    r = cli("run", "params.ipynb", "out.ipynb", "-p", "alpha", "2", "-p", "flag", "True",
+            "-r", "opt", "7", "-f", "p.yaml", "-y", "name: from-yaml", "--cwd", "sub",
+            "--log-output", "--start-timeout", "30", "-k", "python3", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    out = load(work / "out.ipynb")
+    src = _injected(out)
+    assert "alpha = 2\n" in src and "flag = True\n" in src and "opt = '7'" in src
+    assert "items = [1, 2]" in src and "name = 'from-yaml'" in src
+    texts = _texts(out)
+    assert "2 from-yaml True [1, 2] 7" in texts
+    assert "sub\n" in texts  # --cwd
+    assert "2 from-yaml True [1, 2] 7" in r.stderr  # --log-output
+    assert out["metadata"]["papermill"]["parameters"]["alpha"] == 2
+    # the run store: where it was said to be, with every part of the layout
+    line = next(ln for ln in r.stderr.splitlines() if ", store " in ln)
+    run_dir = Path(line.split(", store ")[1])
+    assert run_dir.parent == work / ".spotbook" / "runs"
+    for part in ("run.json", "input.ipynb", "output.ipynb", "key", "attempts/0001.json"):
+        assert (run_dir / part).exists(), part
+    assert len(os.listdir(run_dir / "cells")) == 5  # one record per executed cell
+    assert load(run_dir / "output.ipynb")["cells"] == out["cells"]
+    assert load(run_dir / "attempts" / "0001.json")["outcome"] == "completed"
+    frozen = load(run_dir / "input.ipynb")
+    assert _injected(frozen) == src
+
+
+def test_status_json_and_runs_table(work: Path) -> None:
+    r = cli("run", "params.ipynb", "--no-progress-bar", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "Executing:" not in r.stderr
+    run_id = r.stderr.split("spotbook: run ")[1].split(",")[0]
+    st = cli("status", run_id, "--json", cwd=work)
+    doc = json.loads(st.stdout)
+    assert doc["status"] == "succeeded" and doc["cells_done"] == doc["cells_total"] == 4
+    assert doc["failing_cell"] is None
+    (a,) = doc["attempts"]
+    assert a["outcome"] == "completed" and a["ended"] >= a["started"]
+    table = cli("runs", cwd=work).stdout
+    assert run_id in table and "succeeded" in table and "4/4" in table
+    human = cli("status", run_id, cwd=work).stdout
+    assert "succeeded" in human and "4/4" in human
+
+
+def test_progress_bar_is_on_by_default(work: Path) -> None:
+    r = cli("run", "params.ipynb", cwd=work)
+    assert "Executing: 4/4 cells" in r.stderr
+
+
+def test_output_and_input_as_urls(work: Path) -> None:
+    r = cli("run", f"file://{work}/params.ipynb", f"file://{work}/o.ipynb", "--run-dir",
+            f"file://{work}/store", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert load(work / "o.ipynb")["metadata"]["spotbook"]["final"] is True
+    assert (work / "store" / "run.json").exists()
+
+
+def test_failing_cell_is_marked_and_exits_1(work: Path) -> None:
+    r = cli("run", "error.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    assert r.returncode == 1
+    assert "cell 1 (In [2]) raised ValueError: bad value 1" in r.stderr
+    assert "Traceback" not in r.stderr
+    out = load(work / "out.ipynb")
+    top = out["cells"][0]
+    assert top["cell_type"] == "markdown" and "ValueError: bad value 1" in "".join(top["source"])
+    assert out["cells"][2]["metadata"]["spotbook"]["status"] == "failed"
+    assert out["cells"][3]["metadata"]["spotbook"]["status"] == "pending"
+    assert "before" in _texts(out)
+    doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
+    assert doc["status"] == "failed"
+    assert doc["failing_cell"]["index"] == 1 and doc["failing_cell"]["ename"] == "ValueError"
+
+
+def test_cell_timeout_exits_4_and_keeps_finished_cells(work: Path) -> None:
+    r = cli("run", "slow_cell.ipynb", "out.ipynb", "--execution-timeout", "1", "--run-dir", "rd",
+            cwd=work)
+    assert r.returncode == 4, r.stderr
+    assert "--execution-timeout" in r.stderr
+    out = load(work / "out.ipynb")
+    statuses = [c["metadata"]["spotbook"]["status"] for c in out["cells"] if c["cell_type"] == "code"]
+    assert statuses == ["completed", "failed", "pending"]
+    assert json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][0][
+        "outcome"] == "timed-out"
+
+
+def test_run_timeout_exits_4(work: Path) -> None:
+    r = cli("run", "slow_cell.ipynb", "--timeout", "2", cwd=work)
+    assert r.returncode == 4, r.stderr
+    assert "--timeout" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_kernel_death_is_reported(work: Path) -> None:
+    r = cli("run", "kernel_exit.ipynb", "out.ipynb", cwd=work)
+    assert r.returncode == 1, r.stderr
+    assert "kernel died while running cell 1" in r.stderr
+    out = load(work / "out.ipynb")
+    assert "about to exit" in _texts(out)
+    assert out["cells"][2]["metadata"]["spotbook"]["status"] == "failed"
+
+
+def test_huge_output_is_capped_and_kept_whole_in_the_store(work: Path) -> None:
+    r = cli("run", "big_output.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    assert r.returncode == 0, r.stderr
+    size = (work / "out.ipynb").stat().st_size
+    assert size < 10 * 1024 * 1024
+    assert "characters omitted" in _texts(load(work / "out.ipynb"))
+    (full,) = (work / "rd" / "outputs").iterdir()
+    assert full.stat().st_size == 50 * 1024 * 1024
+    assert "after" in _texts(load(work / "out.ipynb"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["truncated.ipynb"], "does not parse"),
+        (["not_notebook.ipynb"], "not a Jupyter notebook"),
+        (["v3.ipynb"], "nbconvert --to notebook --nbformat 4"),
+        (["missing.ipynb"], "does not exist"),
+        (["params.ipynb", "-k", "no-such-kernel"], "no Jupyter kernel named 'no-such-kernel'"),
+        (["params.ipynb", "-p", "9lives", "1"], "not a valid Python variable name"),
+        (["params.ipynb", "-f", "nope.yaml"], "does not exist"),
+        (["params.ipynb", "-f", "bad.yaml"], "not valid YAML"),
+        (["params.ipynb", "-y", "[1, 2]"], "must be a YAML mapping"),
+        (["params.ipynb", "/nonexistent-dir/out.ipynb"], "does not exist; create it first"),
+        (["params.ipynb", "--snapshot", "sometimes"], "--snapshot must be one of"),
+        (["params.ipynb", "--execution-timeout", "-1"], "positive"),
+        (["params.ipynb", "--cwd", "nowhere"], "not a directory"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(work: Path, args: list[str], message: str) -> None:
+    (work / "bad.yaml").write_text("a: [1, 2\n")
+    r = cli("run", *args, cwd=work)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unwritable_output_fails_before_running(work: Path) -> None:
+    r = cli("run", "params.ipynb", "/proc/out.ipynb", cwd=work)
+    assert r.returncode == 2 and "not writable" in r.stderr, r.stderr
+    assert not (work / ".spotbook").exists() or not any((work / ".spotbook").rglob("cells/*"))
+
+
+def test_output_path_that_is_a_directory(work: Path) -> None:
+    (work / "adir").mkdir()
+    r = cli("run", "params.ipynb", "adir", cwd=work)
+    assert r.returncode == 2 and "is a directory" in r.stderr
+
+
+def test_argparse_usage_errors_exit_2(work: Path) -> None:
+    r = cli("run", cwd=work)
+    assert r.returncode == 2 and "usage:" in r.stderr
+    r = cli("status", "no-such-run", cwd=work)
+    assert r.returncode == 2 and "no spotbook run" in r.stderr
+
+
+def test_prepare_only_writes_the_parameterised_notebook(work: Path) -> None:
+    r = cli("run", "params.ipynb", "prep.ipynb", "-p", "alpha", "9", "--prepare-only", cwd=work)
+    assert r.returncode == 0, r.stderr
+    nb = load(work / "prep.ipynb")
+    assert "alpha = 9" in _injected(nb)
+    assert all(not c.get("outputs") for c in nb["cells"])
+
+
+def test_notebook_without_kernelspec_uses_python3(work: Path) -> None:
+    r = cli("run", "no_kernelspec.ipynb", "o.ipynb", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "hi" in _texts(load(work / "o.ipynb"))
+
+
+def test_rerun_of_a_finished_run_dir_does_not_recompute(work: Path) -> None:
+    assert cli("run", "params.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
+    r = cli("run", "params.ipynb", "o2.ipynb", "--run-dir", "rd", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert len(os.listdir(work / "rd" / "attempts")) == 1  # no second attempt
+    assert (work / "o2.ipynb").exists()
+
+
+def test_changed_notebook_is_refused_without_restart(work: Path) -> None:
+    assert cli("run", "params.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
+    r = cli("run", "params.ipynb", "--run-dir", "rd", "-p", "alpha", "3", cwd=work)
+    assert r.returncode == 2 and "--restart" in r.stderr
+    r = cli("run", "params.ipynb", "o.ipynb", "--run-dir", "rd", "-p", "alpha", "3", "--restart",
+            cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert "3 default" in _texts(load(work / "o.ipynb"))

@@ -1,0 +1,186 @@
+"""nbclient's and papermill's own test notebooks: the outcome their users expect.
+
+Successful notebooks must also produce the same outputs as raw nbclient.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from .conftest import SHARED, cells_committed, cli, comparable, kill, load, start_cli, wait_for
+
+pytestmark = pytest.mark.slow
+
+if not SHARED.is_dir():  # pragma: no cover - the layout every checkout of this project has
+    pytest.fail(f"shared test notebooks missing at {SHARED}", pytrace=False)
+
+OK = 0
+# notebook -> (exit code, text the user sees on stderr)
+EXPECTED = {
+    "nbclient/Autokill.ipynb": (1, "kernel died while running cell 0"),
+    "nbclient/Check History in Memory.ipynb": (OK, "succeeded"),
+    "nbclient/Clear Output.ipynb": (OK, "succeeded"),
+    "nbclient/Disable Stdin.ipynb": (1, "StdinNotImplementedError"),
+    "nbclient/Empty Cell.ipynb": (OK, "succeeded"),
+    "nbclient/Error.ipynb": (1, "raised ZeroDivisionError: division by zero"),
+    "nbclient/Factorials.ipynb": (OK, "succeeded"),
+    "nbclient/HelloWorld.ipynb": (OK, "succeeded"),
+    "nbclient/Inline Image.ipynb": (OK, "succeeded"),
+    "nbclient/Interrupt.ipynb": (4, "--execution-timeout"),
+    "nbclient/JupyterWidgets.ipynb": (OK, "succeeded"),
+    "nbclient/Other Comms.ipynb": (OK, "succeeded"),
+    "nbclient/Output.ipynb": (OK, "succeeded"),
+    "nbclient/SVG.ipynb": (OK, "succeeded"),
+    "nbclient/Skip Exceptions with Cell Tags.ipynb": (OK, "succeeded"),
+    "nbclient/Skip Exceptions.ipynb": (1, "raised Exception: message"),
+    "nbclient/Skip Execution with Cell Tag.ipynb": (OK, "succeeded"),
+    "nbclient/Sleep1s.ipynb": (OK, "succeeded"),
+    "nbclient/Unicode.ipynb": (OK, "succeeded"),
+    "nbclient/UnicodePy3.ipynb": (OK, "succeeded"),
+    "nbclient/update-display-id.ipynb": (OK, "succeeded"),
+    "papermill/broken.ipynb": (1, "SyntaxError"),
+    "papermill/broken1.ipynb": (1, "raised AssertionError"),
+    "papermill/complex_parameters.ipynb": (1, "SyntaxError"),
+    "papermill/keyboard_interrupt.ipynb": (4, "--execution-timeout"),
+    "papermill/line_magic_error.ipynb": (1, "UsageError: Line magic function"),
+    "papermill/nb_version_4.4.ipynb": (OK, "succeeded"),
+    "papermill/no_parameters.ipynb": (OK, "succeeded"),
+    "papermill/read_check.ipynb": (1, "raised AssertionError"),
+    "papermill/report_mode_test.ipynb": (OK, "succeeded"),
+    "papermill/result_no_exec.ipynb": (OK, "succeeded"),
+    "papermill/simple_execute.ipynb": (OK, "succeeded"),
+    "papermill/sysexit.ipynb": (OK, "2/3 cells"),
+    "papermill/sysexit0.ipynb": (OK, "2/3 cells"),
+    "papermill/sysexit1.ipynb": (1, "raised SystemExit: 1"),
+    "papermill/systemexit.ipynb": (OK, "2/3 cells"),
+    "papermill/test_autosave.ipynb": (2, "no Jupyter kernel named 'python'"),
+}
+# Outputs that differ between any two runs (clock readings, object addresses).
+NONDETERMINISTIC = {"nbclient/Sleep1s.ipynb", "nbclient/JupyterWidgets.ipynb",
+                    "nbclient/Output.ipynb"}
+# Succeed under papermill's rule (sys.exit(0) ends a run successfully); raw nbclient
+# raises on them, so there is no nbclient output to compare with.
+PAPERMILL_SEMANTICS = {"papermill/sysexit.ipynb", "papermill/sysexit0.ipynb",
+                       "papermill/systemexit.ipynb"}
+
+
+def test_every_shared_notebook_has_an_expectation() -> None:
+    present = {f"{p.parent.name}/{p.name}" for p in SHARED.glob("*/*.ipynb")}
+    not_covered = present - set(EXPECTED) - {
+        "nbclient/Parallel Execute A.ipynb", "nbclient/Parallel Execute B.ipynb",
+        "papermill/binder.ipynb", "papermill/broken2.ipynb", "papermill/test_logging.ipynb",
+    }
+    assert not_covered == set()
+
+
+def _nbclient_outputs(path: Path) -> dict:
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+                   allow_errors=False).execute()
+    return json.loads(nbformat.writes(nb))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_shared_notebook_outcome(tmp_path: Path, name: str) -> None:
+    src = SHARED / name
+    code, text = EXPECTED[name]
+    r = cli("run", str(src), "out.ipynb", "--cwd", str(src.parent), "--execution-timeout", "5",
+            cwd=tmp_path)
+    assert r.returncode == code, r.stderr
+    assert text in r.stderr
+    assert "Traceback (most recent call last)" not in r.stderr.split("spotbook: ")[-1]
+    if code == 2:
+        assert not (tmp_path / "out.ipynb").exists()
+        return
+    out = load(tmp_path / "out.ipynb")
+    nbformat.validate(nbformat.from_dict(out))
+    if code == 1:
+        assert out["cells"][0]["metadata"]["tags"] == ["spotbook-error"]
+    if code == OK and name not in NONDETERMINISTIC | PAPERMILL_SEMANTICS:
+        assert comparable(out) == comparable(_nbclient_outputs(src))
+
+
+def test_skip_execution_tag_is_respected(tmp_path: Path) -> None:
+    src = SHARED / "nbclient/Skip Execution with Cell Tag.ipynb"
+    assert cli("run", str(src), "o.ipynb", cwd=tmp_path).returncode == 0
+    first = load(tmp_path / "o.ipynb")["cells"][0]
+    assert first["outputs"] == [] and first["execution_count"] is None
+
+
+def test_read_check_passes_in_a_directory_with_its_file(tmp_path: Path) -> None:
+    (tmp_path / "check.txt").write_text("x")
+    r = cli("run", str(SHARED / "papermill/read_check.ipynb"), "o.ipynb", "--cwd", ".",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_kernel_alias_with_k_runs_autosave_notebook(tmp_path: Path) -> None:
+    r = cli("run", str(SHARED / "papermill/test_autosave.ipynb"), "o.ipynb", "-k", "python3",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_parallel_notebooks_run_side_by_side(tmp_path: Path) -> None:
+    env = {"NBEXECUTE_TEST_PARALLEL_TMPDIR": str(tmp_path)}
+    procs = [start_cli("run", str(SHARED / f"nbclient/Parallel Execute {x}.ipynb"), f"{x}.ipynb",
+                       "--no-progress-bar", cwd=tmp_path, env=env) for x in "AB"]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+
+
+def test_ctrl_c_during_a_long_cell_saves_and_exits_75(tmp_path: Path) -> None:
+    proc = start_cli("run", str(SHARED / "papermill/keyboard_interrupt.ipynb"), "o.ipynb",
+                     "--run-dir", "rd", "--grace", "0.5", cwd=tmp_path)
+    wait_for(lambda: (tmp_path / "rd" / "attempts" / "0001.json").exists(), what="start")
+    wait_for(lambda: "running" in (tmp_path / "rd" / "output.ipynb").read_text()
+             if (tmp_path / "rd" / "output.ipynb").exists() else False, what="cell running")
+    code, err = kill(proc, signal.SIGINT)
+    assert code == 75, err
+    assert "spotbook resume" in err
+    doc = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)
+    assert doc["status"] == "interrupted" and doc["attempts"][0]["outcome"] == "preempted"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["nbclient/Sleep1s.ipynb", "nbclient/Factorials.ipynb", "papermill/simple_execute.ipynb",
+     "nbclient/update-display-id.ipynb", "nbclient/Clear Output.ipynb"],
+)
+def test_killed_and_resumed_finishes_identically(tmp_path: Path, name: str) -> None:
+    src = tmp_path / "nb.ipynb"
+    shutil.copy(SHARED / name, src)
+    ref = cli("run", "nb.ipynb", "ref.ipynb", "--cwd", str((SHARED / name).parent), cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr
+    total = json.loads(cli("status", ref.stderr.split("run ")[1].split(",")[0], "--json",
+                           cwd=tmp_path).stdout)["cells_total"]
+    for k in range(1, total):
+        rd = tmp_path / f"rd{k}"
+        proc = start_cli("run", "nb.ipynb", f"o{k}.ipynb", "--run-dir", str(rd), "--cwd",
+                         str((SHARED / name).parent), "--snapshot", "every-cell", cwd=tmp_path)
+        wait_for(lambda rd=rd: cells_committed(rd) >= k or proc.poll() is not None,
+                 what=f"{k} cells")
+        kill(proc)
+        r = cli("resume", str(rd), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        got, want = load(tmp_path / f"o{k}.ipynb"), load(tmp_path / "ref.ipynb")
+        if name == "nbclient/Sleep1s.ipynb":  # clock readings differ; the shape must not
+            assert [len(c) for c in comparable(got)] == [len(c) for c in comparable(want)]
+            assert all(len(c["outputs"]) == 1 for c in got["cells"][2:])
+        else:
+            assert comparable(got) == comparable(want)
+
+
+def test_python_m_spotbook_and_entry_point_agree(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "spotbook"
+    r = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
+    assert r.stdout.startswith("spotbook ")
