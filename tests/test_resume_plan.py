@@ -18,8 +18,10 @@ NOTAGS: list[list[str]] = [[] for _ in SOURCES]
 
 
 def test_names_bound_and_read() -> None:
-    n = cell_names("import a.b as c, d.e\nfrom f import g\nx, y = 1, 2\ndef h(p):\n    q = p\n"
-                   "class K: pass\nz += w\nfor i in r: pass\nm[0] = 1")
+    n = cell_names(
+        "import a.b as c, d.e\nfrom f import g\nx, y = 1, 2\ndef h(p):\n    q = p\n"
+        "class K: pass\nz += w\nfor i in r: pass\nm[0] = 1"
+    )
     assert n.binds == {"c", "d", "g", "x", "y", "h", "K", "z", "i"}
     assert {"w", "r", "p", "m"} <= n.reads and "q" not in n.binds
 
@@ -32,14 +34,19 @@ def test_ipython_syntax_is_understood() -> None:
 
 
 def test_without_a_snapshot_everything_is_replayed() -> None:
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS,
-                       snapshot_after=None)
+    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=None)
     assert plan.replay == (0, 1, 2, 3, 4)
 
 
 def test_only_producers_of_unrestored_variables_a_later_cell_reads() -> None:
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=4,
-                       unrestored=frozenset({"fh", "gen", "marker"}))
+    plan = plan_resume(
+        start=5,
+        executable=EXE,
+        sources=SOURCES,
+        tags=NOTAGS,
+        snapshot_after=4,
+        unrestored=frozenset({"fh", "gen", "marker"}),
+    )
     # 'marker' is a closed file no later cell reads: cell 3 (expensive) is not replayed.
     assert plan.head == (1, 2) and plan.tail == ()
     assert "fh" in plan.reasons[1] and "gen" in plan.reasons[2]
@@ -53,15 +60,27 @@ def test_cells_after_the_snapshot_form_the_tail() -> None:
 
 
 def test_transitive_producers_are_replayed() -> None:
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=4,
-                       unrestored=frozenset({"gen", "data"}))
+    plan = plan_resume(
+        start=5,
+        executable=EXE,
+        sources=SOURCES,
+        tags=NOTAGS,
+        snapshot_after=4,
+        unrestored=frozenset({"gen", "data"}),
+    )
     assert plan.head == (1, 2)
 
 
 def test_tags_force_or_forbid_replay() -> None:
     tags = [["spotbook-replay"], ["spotbook-no-replay"], [], [], [], []]
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=tags, snapshot_after=4,
-                       unrestored=frozenset({"fh"}))
+    plan = plan_resume(
+        start=5,
+        executable=EXE,
+        sources=SOURCES,
+        tags=tags,
+        snapshot_after=4,
+        unrestored=frozenset({"fh"}),
+    )
     assert plan.head == (0,)
     plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=tags, snapshot_after=None)
     assert 1 not in plan.replay
@@ -75,6 +94,25 @@ def test_non_executable_cells_are_never_replayed() -> None:
 
 def test_unrestored_global_used_inside_a_restored_function_is_replayed() -> None:
     sources = ["ip = get_ipython()\ndef show(x):\n    ip.display(x)", "y = 1", "show(y)"]
-    plan = plan_resume(start=2, executable=[True] * 3, sources=sources, tags=[[], [], []],
-                       snapshot_after=1, unrestored=frozenset({"ip"}))
+    plan = plan_resume(
+        start=2,
+        executable=[True] * 3,
+        sources=sources,
+        tags=[[], [], []],
+        snapshot_after=1,
+        unrestored=frozenset({"ip"}),
+    )
     assert plan.head == (0,)
+
+
+def test_reads_of_a_plain_variables_cell_are_not_needed_later() -> None:
+    sources = ["with open('m') as fh:\n    n = len(fh.read())", "print(n)"]
+    plan = plan_resume(
+        start=1,
+        executable=[True, True],
+        sources=sources,
+        tags=[[], []],
+        snapshot_after=0,
+        unrestored=frozenset({"fh"}),
+    )
+    assert plan.head == ()

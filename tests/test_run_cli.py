@@ -30,9 +30,32 @@ def test_parameters_flags_and_store(work: Path) -> None:
     (work / "p.yaml").write_text("items: [1, 2]\nname: from-file\n")
     sub = work / "sub"
     sub.mkdir()
-    r = cli("run", "params.ipynb", "out.ipynb", "-p", "alpha", "2", "-p", "flag", "True",
-            "-r", "opt", "7", "-f", "p.yaml", "-y", "name: from-yaml", "--cwd", "sub",
-            "--log-output", "--start-timeout", "30", "-k", "python3", cwd=work)
+    r = cli(
+        "run",
+        "params.ipynb",
+        "out.ipynb",
+        "-p",
+        "alpha",
+        "2",
+        "-p",
+        "flag",
+        "True",
+        "-r",
+        "opt",
+        "7",
+        "-f",
+        "p.yaml",
+        "-y",
+        "name: from-yaml",
+        "--cwd",
+        "sub",
+        "--log-output",
+        "--start-timeout",
+        "30",
+        "-k",
+        "python3",
+        cwd=work,
+    )
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     out = load(work / "out.ipynb")
@@ -80,8 +103,14 @@ def test_progress_bar_is_on_by_default(work: Path) -> None:
 
 
 def test_output_and_input_as_urls(work: Path) -> None:
-    r = cli("run", f"file://{work}/params.ipynb", f"file://{work}/o.ipynb", "--run-dir",
-            f"file://{work}/store", cwd=work)
+    r = cli(
+        "run",
+        f"file://{work}/params.ipynb",
+        f"file://{work}/o.ipynb",
+        "--run-dir",
+        f"file://{work}/store",
+        cwd=work,
+    )
     assert r.returncode == 0, r.stderr
     assert load(work / "o.ipynb")["metadata"]["spotbook"]["final"] is True
     assert (work / "store" / "run.json").exists()
@@ -104,15 +133,27 @@ def test_failing_cell_is_marked_and_exits_1(work: Path) -> None:
 
 
 def test_cell_timeout_exits_4_and_keeps_finished_cells(work: Path) -> None:
-    r = cli("run", "slow_cell.ipynb", "out.ipynb", "--execution-timeout", "1", "--run-dir", "rd",
-            cwd=work)
+    r = cli(
+        "run",
+        "slow_cell.ipynb",
+        "out.ipynb",
+        "--execution-timeout",
+        "1",
+        "--run-dir",
+        "rd",
+        cwd=work,
+    )
     assert r.returncode == 4, r.stderr
     assert "--execution-timeout" in r.stderr
     out = load(work / "out.ipynb")
-    statuses = [c["metadata"]["spotbook"]["status"] for c in out["cells"] if c["cell_type"] == "code"]
+    statuses = [
+        c["metadata"]["spotbook"]["status"] for c in out["cells"] if c["cell_type"] == "code"
+    ]
     assert statuses == ["completed", "failed", "pending"]
-    assert json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][0][
-        "outcome"] == "timed-out"
+    assert (
+        json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][0]["outcome"]
+        == "timed-out"
+    )
 
 
 def test_run_timeout_exits_4(work: Path) -> None:
@@ -212,7 +253,17 @@ def test_changed_notebook_is_refused_without_restart(work: Path) -> None:
     assert cli("run", "params.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
     r = cli("run", "params.ipynb", "--run-dir", "rd", "-p", "alpha", "3", cwd=work)
     assert r.returncode == 2 and "--restart" in r.stderr
-    r = cli("run", "params.ipynb", "o.ipynb", "--run-dir", "rd", "-p", "alpha", "3", "--restart",
-            cwd=work)
+    r = cli(
+        "run",
+        "params.ipynb",
+        "o.ipynb",
+        "--run-dir",
+        "rd",
+        "-p",
+        "alpha",
+        "3",
+        "--restart",
+        cwd=work,
+    )
     assert r.returncode == 0, r.stderr
     assert "3 default" in _texts(load(work / "o.ipynb"))

@@ -6,7 +6,8 @@ Successful notebooks must also produce the same outputs as raw nbclient.
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import random
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ if not SHARED.is_dir():  # pragma: no cover - the layout every checkout of this 
     pytest.fail(f"shared test notebooks missing at {SHARED}", pytrace=False)
 
 OK = 0
+SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
 # notebook -> (exit code, text the user sees on stderr)
 EXPECTED = {
     "nbclient/Autokill.ipynb": (1, "kernel died while running cell 0"),
@@ -65,27 +67,44 @@ EXPECTED = {
     "papermill/test_autosave.ipynb": (2, "no Jupyter kernel named 'python'"),
 }
 # Outputs that differ between any two runs (clock readings, object addresses).
-NONDETERMINISTIC = {"nbclient/Sleep1s.ipynb", "nbclient/JupyterWidgets.ipynb",
-                    "nbclient/Output.ipynb"}
+NONDETERMINISTIC = {
+    "nbclient/Sleep1s.ipynb",
+    "nbclient/JupyterWidgets.ipynb",
+    "nbclient/Output.ipynb",
+}
 # Succeed under papermill's rule (sys.exit(0) ends a run successfully); raw nbclient
 # raises on them, so there is no nbclient output to compare with.
-PAPERMILL_SEMANTICS = {"papermill/sysexit.ipynb", "papermill/sysexit0.ipynb",
-                       "papermill/systemexit.ipynb"}
+PAPERMILL_SEMANTICS = {
+    "papermill/sysexit.ipynb",
+    "papermill/sysexit0.ipynb",
+    "papermill/systemexit.ipynb",
+}
 
 
 def test_every_shared_notebook_has_an_expectation() -> None:
     present = {f"{p.parent.name}/{p.name}" for p in SHARED.glob("*/*.ipynb")}
-    not_covered = present - set(EXPECTED) - {
-        "nbclient/Parallel Execute A.ipynb", "nbclient/Parallel Execute B.ipynb",
-        "papermill/binder.ipynb", "papermill/broken2.ipynb", "papermill/test_logging.ipynb",
-    }
+    not_covered = (
+        present
+        - set(EXPECTED)
+        - {
+            "nbclient/Parallel Execute A.ipynb",
+            "nbclient/Parallel Execute B.ipynb",
+            "papermill/binder.ipynb",
+            "papermill/broken2.ipynb",
+            "papermill/test_logging.ipynb",
+        }
+    )
     assert not_covered == set()
 
 
 def _nbclient_outputs(path: Path) -> dict:
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
-                   allow_errors=False).execute()
+    NotebookClient(
+        nb,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        allow_errors=False,
+    ).execute()
     return json.loads(nbformat.writes(nb))
 
 
@@ -93,8 +112,16 @@ def _nbclient_outputs(path: Path) -> dict:
 def test_shared_notebook_outcome(tmp_path: Path, name: str) -> None:
     src = SHARED / name
     code, text = EXPECTED[name]
-    r = cli("run", str(src), "out.ipynb", "--cwd", str(src.parent), "--execution-timeout", "5",
-            cwd=tmp_path)
+    r = cli(
+        "run",
+        str(src),
+        "out.ipynb",
+        "--cwd",
+        str(src.parent),
+        "--execution-timeout",
+        "5",
+        cwd=tmp_path,
+    )
     assert r.returncode == code, r.stderr
     assert text in r.stderr
     assert "Traceback (most recent call last)" not in r.stderr.split("spotbook: ")[-1]
@@ -118,32 +145,62 @@ def test_skip_execution_tag_is_respected(tmp_path: Path) -> None:
 
 def test_read_check_passes_in_a_directory_with_its_file(tmp_path: Path) -> None:
     (tmp_path / "check.txt").write_text("x")
-    r = cli("run", str(SHARED / "papermill/read_check.ipynb"), "o.ipynb", "--cwd", ".",
-            cwd=tmp_path)
+    r = cli(
+        "run", str(SHARED / "papermill/read_check.ipynb"), "o.ipynb", "--cwd", ".", cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_kernel_alias_with_k_runs_autosave_notebook(tmp_path: Path) -> None:
-    r = cli("run", str(SHARED / "papermill/test_autosave.ipynb"), "o.ipynb", "-k", "python3",
-            cwd=tmp_path)
+    r = cli(
+        "run",
+        str(SHARED / "papermill/test_autosave.ipynb"),
+        "o.ipynb",
+        "-k",
+        "python3",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_parallel_notebooks_run_side_by_side(tmp_path: Path) -> None:
     env = {"NBEXECUTE_TEST_PARALLEL_TMPDIR": str(tmp_path)}
-    procs = [start_cli("run", str(SHARED / f"nbclient/Parallel Execute {x}.ipynb"), f"{x}.ipynb",
-                       "--no-progress-bar", cwd=tmp_path, env=env) for x in "AB"]
+    procs = [
+        start_cli(
+            "run",
+            str(SHARED / f"nbclient/Parallel Execute {x}.ipynb"),
+            f"{x}.ipynb",
+            "--no-progress-bar",
+            cwd=tmp_path,
+            env=env,
+        )
+        for x in "AB"
+    ]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
 
 
 def test_ctrl_c_during_a_long_cell_saves_and_exits_75(tmp_path: Path) -> None:
-    proc = start_cli("run", str(SHARED / "papermill/keyboard_interrupt.ipynb"), "o.ipynb",
-                     "--run-dir", "rd", "--grace", "0.5", cwd=tmp_path)
+    proc = start_cli(
+        "run",
+        str(SHARED / "papermill/keyboard_interrupt.ipynb"),
+        "o.ipynb",
+        "--run-dir",
+        "rd",
+        "--grace",
+        "0.5",
+        cwd=tmp_path,
+    )
     wait_for(lambda: (tmp_path / "rd" / "attempts" / "0001.json").exists(), what="start")
-    wait_for(lambda: "running" in (tmp_path / "rd" / "output.ipynb").read_text()
-             if (tmp_path / "rd" / "output.ipynb").exists() else False, what="cell running")
+    wait_for(
+        lambda: (
+            "running" in (tmp_path / "rd" / "output.ipynb").read_text()
+            if (tmp_path / "rd" / "output.ipynb").exists()
+            else False
+        ),
+        what="cell running",
+    )
     code, err = kill(proc, signal.SIGINT)
     assert code == 75, err
     assert "spotbook resume" in err
@@ -151,33 +208,63 @@ def test_ctrl_c_during_a_long_cell_saves_and_exits_75(tmp_path: Path) -> None:
     assert doc["status"] == "interrupted" and doc["attempts"][0]["outcome"] == "preempted"
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["nbclient/Sleep1s.ipynb", "nbclient/Factorials.ipynb", "papermill/simple_execute.ipynb",
-     "nbclient/update-display-id.ipynb", "nbclient/Clear Output.ipynb"],
-)
-def test_killed_and_resumed_finishes_identically(tmp_path: Path, name: str) -> None:
-    src = tmp_path / "nb.ipynb"
-    shutil.copy(SHARED / name, src)
-    ref = cli("run", "nb.ipynb", "ref.ipynb", "--cwd", str((SHARED / name).parent), cwd=tmp_path)
+@pytest.fixture
+def slow_kernel(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An IPython profile that pauses 0.3 s after each cell, so a kill after cell k's
+    commit lands while cell k+1 runs, without changing the notebook."""
+    ipdir = tmp_path_factory.mktemp("ipython")
+    startup = ipdir / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-slow.py").write_text(
+        "import time\n"
+        "get_ipython().events.register('post_run_cell', lambda result: time.sleep(0.3))\n"
+    )
+    return {"IPYTHONDIR": str(ipdir)}
+
+
+RESUMABLE = sorted(n for n, (code, _) in EXPECTED.items() if code == OK)
+
+
+@pytest.mark.parametrize("name", RESUMABLE)
+def test_killed_at_a_random_cell_and_resumed_finishes_identically(
+    tmp_path: Path, name: str, slow_kernel: dict[str, str]
+) -> None:
+    src = SHARED / name
+    args = ["--cwd", str(src.parent)]
+    ref = cli("run", str(src), "ref.ipynb", "--run-dir", "ref", *args, cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr
-    total = json.loads(cli("status", ref.stderr.split("run ")[1].split(",")[0], "--json",
-                           cwd=tmp_path).stdout)["cells_total"]
-    for k in range(1, total):
-        rd = tmp_path / f"rd{k}"
-        proc = start_cli("run", "nb.ipynb", f"o{k}.ipynb", "--run-dir", str(rd), "--cwd",
-                         str((SHARED / name).parent), "--snapshot", "every-cell", cwd=tmp_path)
-        wait_for(lambda rd=rd: cells_committed(rd) >= k or proc.poll() is not None,
-                 what=f"{k} cells")
-        kill(proc)
-        r = cli("resume", str(rd), cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-        got, want = load(tmp_path / f"o{k}.ipynb"), load(tmp_path / "ref.ipynb")
-        if name == "nbclient/Sleep1s.ipynb":  # clock readings differ; the shape must not
-            assert [len(c) for c in comparable(got)] == [len(c) for c in comparable(want)]
-            assert all(len(c["outputs"]) == 1 for c in got["cells"][2:])
-        else:
-            assert comparable(got) == comparable(want)
+    total = json.loads(cli("status", "ref", "--json", cwd=tmp_path).stdout)["cells_done"]
+    k = random.Random(f"{SEED}-{name}").randrange(total)  # cells committed before the kill
+    rd = tmp_path / "rd"
+    proc = start_cli(
+        "run",
+        str(src),
+        "out.ipynb",
+        "--run-dir",
+        "rd",
+        "--snapshot",
+        "every-cell",
+        *args,
+        cwd=tmp_path,
+        env=slow_kernel,
+    )
+    wait_for(
+        lambda: (rd / "attempts" / "0001.json").exists() and cells_committed(rd) >= k,
+        what=f"{k} cells committed",
+    )
+    kill(proc)
+    assert proc.returncode == -signal.SIGKILL, f"run ended before the kill (k={k})"
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)
+    assert [a["outcome"] for a in doc["attempts"]] == ["killed", "completed"]
+    got, want = load(tmp_path / "out.ipynb"), load(tmp_path / "ref.ipynb")
+    if name in NONDETERMINISTIC:  # clock readings, widget ids: the shape must match
+        assert [len(c[2] or []) for c in comparable(got)] == [
+            len(c[2] or []) for c in comparable(want)
+        ]
+    else:
+        assert comparable(got) == comparable(want), f"killed after {k} cells"
 
 
 def test_python_m_spotbook_and_entry_point_agree(tmp_path: Path) -> None:

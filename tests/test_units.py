@@ -37,8 +37,18 @@ def test_all_is_sorted_and_complete() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1", 1), ("-3", -3), ("0.5", 0.5), ("1e3", 1000.0), ("True", True), ("False", False),
-     ("None", None), ("true", "true"), ("abc", "abc"), ("", "")],
+    [
+        ("1", 1),
+        ("-3", -3),
+        ("0.5", 0.5),
+        ("1e3", 1000.0),
+        ("True", True),
+        ("False", False),
+        ("None", None),
+        ("true", "true"),
+        ("abc", "abc"),
+        ("", ""),
+    ],
 )
 def test_values_typed_like_papermill(text: str, value: object) -> None:
     got = resolve_type(text)
@@ -49,8 +59,10 @@ def test_parameter_sources_merge_in_papermill_order(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("a: 1\nb: from-file\nc: [1, 2]\n")
     params = collect_parameters(
-        files=[str(f)], yaml_strings=["b: from-yaml\nd: {x: 1}"],
-        typed=[("a", "2")], raw=[("e", "3")],
+        files=[str(f)],
+        yaml_strings=["b: from-yaml\nd: {x: 1}"],
+        typed=[("a", "2")],
+        raw=[("e", "3")],
     )
     assert params == {"a": 2, "b": "from-yaml", "c": [1, 2], "d": {"x": 1}, "e": "3"}
 
@@ -71,8 +83,16 @@ def test_bad_parameters_are_named(kwargs: dict, message: str) -> None:
 
 
 def test_rendered_parameters_evaluate_back() -> None:
-    params = {"a": 1, "b": 0.1, "s": "it's \"q\"\n", "n": None, "t": True, "l": [1, "x"],
-              "d": {"k": [1.5]}, "inf": float("inf")}
+    params = {
+        "a": 1,
+        "b": 0.1,
+        "s": 'it\'s "q"\n',
+        "n": None,
+        "t": True,
+        "l": [1, "x"],
+        "d": {"k": [1.5]},
+        "inf": float("inf"),
+    }
     ns: dict = {}
     exec(render_python(params), ns)
     assert {k: ns[k] for k in params} == params
@@ -100,8 +120,11 @@ def test_parameters_go_first_without_a_parameters_cell() -> None:
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("truncated.ipynb", "does not parse"), ("not_notebook.ipynb", "not a Jupyter notebook"),
-     ("v3.ipynb", "format 3")],
+    [
+        ("truncated.ipynb", "does not parse"),
+        ("not_notebook.ipynb", "not a Jupyter notebook"),
+        ("v3.ipynb", "format 3"),
+    ],
 )
 def test_bad_notebooks_are_refused(name: str, message: str) -> None:
     with pytest.raises(NotebookFormatError, match=message):
@@ -127,8 +150,12 @@ def test_failed_cell_gets_a_note_at_the_top() -> None:
     nb = _nb("error.ipynb")
     records = {
         0: {"status": "completed", "outputs": [], "execution_count": 1},
-        1: {"status": "failed", "outputs": [], "execution_count": 2,
-            "error": {"ename": "ValueError", "evalue": "bad value 1"}},
+        1: {
+            "status": "failed",
+            "outputs": [],
+            "execution_count": 2,
+            "error": {"ename": "ValueError", "evalue": "bad value 1"},
+        },
     }
     out = nbs.assemble(nb, records, run_meta={"parameters": {}})
     assert out.cells[0].cell_type == "markdown" and "ValueError: bad value 1" in out.cells[0].source

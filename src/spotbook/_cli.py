@@ -308,8 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Not a user error: show where, and use the "may pass on retry" code rather
         # than 1, which tells a Job controller the notebook itself is broken.
         traceback.print_exc()
-        print("spotbook: internal error: this is a bug in spotbook; please report it with "
-              "the traceback above", file=sys.stderr)
+        print(
+            "spotbook: internal error: this is a bug in spotbook; please report it with "
+            "the traceback above",
+            file=sys.stderr,
+        )
         return 3
 
 

@@ -11,8 +11,8 @@ runner can race against a deadline or a termination notice.
 from __future__ import annotations
 
 import ast
-import copy
 import asyncio
+import copy
 import logging
 import os
 import shutil

@@ -51,8 +51,7 @@ def parse(text: str | bytes, where: str) -> Notebook:
         )
     cells = data.get("cells")
     if not isinstance(cells, list) or not all(
-        isinstance(c, dict) and c.get("cell_type") in _CELL_TYPES and "source" in c
-        for c in cells
+        isinstance(c, dict) and c.get("cell_type") in _CELL_TYPES and "source" in c for c in cells
     ):
         raise NotebookFormatError(
             f"{where} is not a valid notebook: every cell needs a cell_type "

@@ -33,6 +33,9 @@ Transform = Callable[[str], str]
 class CellNames:
     binds: frozenset[str]
     reads: frozenset[str]
+    # for each function or class the cell defines: the globals its body may read
+    # when it is called later
+    deferred: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ def cell_names(source: str, transform: Transform | None = None) -> CellNames:
         return CellNames(frozenset(), frozenset())
     binds: set[str] = set()
     reads: set[str] = set()
+    deferred: dict[str, frozenset[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             reads.add(node.id)
@@ -82,6 +86,11 @@ def cell_names(source: str, transform: Transform | None = None) -> CellNames:
             if isinstance(child, _SCOPES):
                 if not isinstance(child, ast.Lambda):
                     binds.add(child.name)
+                    deferred[child.name] = frozenset(
+                        n.id
+                        for n in ast.walk(child)
+                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                    )
                 continue  # names inside are local to that scope
             if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store | ast.Del):
                 binds.add(child.id)
@@ -91,7 +100,7 @@ def cell_names(source: str, transform: Transform | None = None) -> CellNames:
             elif isinstance(child, ast.Global):
                 binds.update(child.names)
             stack.append(child)
-    return CellNames(frozenset(binds), frozenset(reads))
+    return CellNames(frozenset(binds), frozenset(reads), deferred)
 
 
 def _last_binder(names: dict[int, CellNames], name: str) -> int | None:
@@ -123,8 +132,8 @@ def plan_resume(
         reasons[i] = f"tagged {REPLAY_TAG}"
     # An unrestored variable nothing later reads (a closed file left by `with open`)
     # does not need its cell replayed: that cell may be expensive or touch the world.
-    # "Later reads" include, transitively, what the cells that bound those names read
-    # (a restored function whose body uses an unrestored global).
+    # "Later reads" include, transitively, the globals read by the bodies of functions
+    # and classes later cells use (a restored function that calls an unrestored `ip`).
     later_reads: set[str] = set()
     for i in range(snapshot_after + 1, len(sources)):
         if executable[i]:
@@ -134,7 +143,7 @@ def plan_resume(
         name = frontier.pop()
         binder = _last_binder(names, name)
         if binder is not None:
-            new = names[binder].reads - later_reads
+            new = names[binder].deferred.get(name, frozenset()) - later_reads
             later_reads |= new
             frontier |= new
     missing = set(unrestored) & later_reads

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _KERNEL_MODULE = "__import__('spotbook._kernel_side', fromlist=['_'])"
 _EXIT_OK = {"", "0", "None"}
+# After a termination notice: how long saving (a snapshot in progress, or one last
+# snapshot) may take, counted from the notice. GKE gives a pod ~15 s; exit within 10.
+SAVE_BUDGET = 6.0
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,7 @@ class Runner:
             if not nbs.executable(cell):
                 continue
             if self._notice.event.is_set():
+                await self._last_snapshot(index - 1)
                 raise Terminated(self._notice.signame, self._resume_hint())
             t0 = self.opts.clock()
             m0 = time.monotonic()
@@ -396,6 +400,19 @@ class Runner:
                 exiting = result.error["ename"] == "SystemExit"
                 status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
             record = self._record(index, result, t0, duration, status)
+            if status == "completed":
+                # Snapshot before the record: once a cell is committed, its effects are
+                # in the store too (when the policy snapshots), so a kill after the
+                # commit never makes a resume run it again.
+                self._compute_since_snap += duration
+                if self._snap_enabled and self.spec.snapshot.due(
+                    self._compute_since_snap, self._snap_cost
+                ):
+                    try:
+                        await self._snapshot(index)
+                    except Terminated:
+                        self._commit(index, record)
+                        raise
             self._commit(index, record)
             self._recommit_updated_displays(index)
             if self.opts.on_progress:
@@ -411,11 +428,6 @@ class Runner:
             if status == "exited":
                 log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
                 return
-            self._compute_since_snap += duration
-            if self._snap_enabled and self.spec.snapshot.due(
-                self._compute_since_snap, self._snap_cost
-            ):
-                await self._snapshot(index)
             self._refresh(running=index + 1)
 
     def _record(
@@ -580,9 +592,21 @@ class Runner:
         self._fence()
         self.store.write_json(f"state/snap/{CellKey(index, self.attempt).name}", doc)
         cost = time.monotonic() - m0
-        self._snap_cost = cost
+        # The first snapshot of an attempt also pays for importing the snapshot code in
+        # the kernel; the policy wants what the next one will cost.
+        self._snap_cost = cost if self._snap_cost is not None else manifest["seconds"]
         self._compute_since_snap = 0.0
         log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
+
+    async def _last_snapshot(self, index: int) -> None:
+        """On a notice between cells: one more snapshot, if it fits the save budget."""
+        assert self._notice is not None
+        if not self._snap_enabled or self._compute_since_snap <= 0 or index < 0:
+            return
+        left = SAVE_BUDGET - (time.monotonic() - self._notice.at)
+        if self._snap_cost is not None and self._snap_cost * 2 < left:
+            with contextlib.suppress(Terminated):
+                await self._snapshot(index)
 
     async def _restore(self, start: int) -> ResumePlan:
         """Restore the newest usable snapshot and replay what the plan says."""

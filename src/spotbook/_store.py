@@ -113,8 +113,8 @@ def check_writable(url: str) -> None:
     if not os.path.isdir(parent):
         raise UsageError(f"output directory {parent!r} does not exist; create it first")
     try:  # a real probe: permission bits say nothing for root or read-only mounts
-        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".spotbook-probe-")
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".spotbook-probe-"):
+            pass
     except OSError as exc:
         raise UsageError(
             f"output {url!r} is not writable ({exc.strerror}); choose another location"
