@@ -274,7 +274,7 @@ class Runner:
                 self.session.seed_cell(
                     index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
                 )
-            plan = await self._restore(start) if start > 0 else None
+            plan = await self._restore(start) if self.records else None
             self._progress_start = start
             self._refresh(force=True, running=start)
             await self._run_cells(start)
