@@ -130,7 +130,7 @@ class Runner:
         self._refresh_cost = 0.0
         self._deadline: float | None = None
         self._notice: _Notice | None = None
-        self._progress_start = 0
+        self._blob_bytes = 0  # written by the kernel, reported in snapshot manifests
 
     # -- entry ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -215,7 +215,12 @@ class Runner:
         )
 
     def _end_attempt(self, outcome: Outcome, **extra: Any) -> None:
-        self.attempt_rec.update(outcome=outcome.value, ended=self.opts.clock(), **extra)
+        self.attempt_rec.update(
+            outcome=outcome.value,
+            ended=self.opts.clock(),
+            store_bytes=self.store.bytes_written + self._blob_bytes,
+            **extra,
+        )
         if outcome is not Outcome.SUPERSEDED:
             self.store.update_attempt(self.attempt, self.attempt_rec)
 
@@ -275,7 +280,6 @@ class Runner:
                     index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
                 )
             plan = await self._restore(start) if self.records else None
-            self._progress_start = start
             self._refresh(force=True, running=start)
             await self._run_cells(start)
         except Terminated:
@@ -591,6 +595,7 @@ class Runner:
         }
         self._fence()
         self.store.write_json(f"state/snap/{CellKey(index, self.attempt).name}", doc)
+        self._blob_bytes += int(manifest["written"])
         cost = time.monotonic() - m0
         # The first snapshot of an attempt also pays for importing the snapshot code in
         # the kernel; the policy wants what the next one will cost.
@@ -686,6 +691,12 @@ class Runner:
                 f"{result['integrity']}; rerun with --restart"
             )
         failed: dict[str, str] = result["failed"]
+        self.attempt_rec["restored_bytes"] = (
+            self.attempt_rec.get("restored_bytes", 0) + result["bytes"]
+        )
+        self.attempt_rec["load_seconds"] = round(
+            self.attempt_rec.get("load_seconds", 0.0) + result["seconds"], 4
+        )
         return failed
 
     async def _replay(self, index: int) -> None:

@@ -1,0 +1,115 @@
+"""spotbook against raw nbclient and papermill on the same notebooks, in one run.
+
+Each tool runs as its own process (as a user runs it), REPEAT times; the table shows
+median wall time, ratios to raw nbclient and to papermill without saving, the tool
+process's own peak RSS (not the kernel's), and for spotbook the bytes it wrote to its
+run store while running, over the final notebook's size.
+
+    .venv/bin/python bench/bench_local.py [--repeat N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import NBCLIENT_SCRIPT, median, timed, write_notebook  # noqa: E402
+
+CASES = {
+    "1 cell": ["x = 1"],
+    "100 trivial cells": [f"x = {i}" for i in range(100)],
+    "1000 trivial cells": [f"x = {i}" for i in range(1000)],
+    "20 cells x 100 KB output": ["print('x' * 102_399)"] * 20,
+}
+
+
+def tools(nb: Path, out: Path, work: Path) -> dict[str, list[str]]:
+    script = work / "nbclient_run.py"
+    script.write_text(NBCLIENT_SCRIPT)
+    return {
+        "nbclient": [str(script), str(nb), str(out)],
+        "papermill": ["papermill", str(nb), str(out), "-k", "python3", "--no-progress-bar"],
+        "papermill --no-save": [
+            "papermill",
+            str(nb),
+            str(out),
+            "-k",
+            "python3",
+            "--no-progress-bar",
+            "--no-request-save-on-cell-execute",
+        ],
+        "spotbook": [
+            "spotbook",
+            "run",
+            str(nb),
+            str(out),
+            "--run-dir",
+            str(work / "store"),
+            "--no-progress-bar",
+            "--log-level",
+            "WARNING",
+        ],
+    }
+
+
+def spotbook_bytes(store: Path) -> tuple[int, int]:
+    """(bytes spotbook wrote for progress, final notebook size)."""
+    attempt = json.loads((store / "attempts" / "0001.json").read_text())
+    final = (store / "output.ipynb").stat().st_size
+    # everything the run wrote, less the final output.ipynb itself
+    return attempt["store_bytes"] - final, final
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="skip the 1000-cell case")
+    args = ap.parse_args()
+    rows = []
+    for case, sources in CASES.items():
+        if args.quick and "1000" in case:
+            continue
+        work = Path(tempfile.mkdtemp(prefix="bench-"))
+        nb = write_notebook(work / "in.ipynb", sources)
+        results: dict[str, tuple[float, int]] = {}
+        progress = final = 0
+        for name, argv in tools(nb, work / "out.ipynb", work).items():
+            walls, rsss = [], []
+            for _ in range(args.repeat):
+                shutil.rmtree(work / "store", ignore_errors=True)
+                wall, rss = timed(argv, cwd=work)
+                walls.append(wall)
+                rsss.append(rss)
+            results[name] = (median(walls), max(rsss))
+            if name == "spotbook":
+                progress, final = spotbook_bytes(work / "store")
+        base = results["nbclient"][0]
+        nosave = results["papermill --no-save"][0]
+        for name, (wall, rss) in results.items():
+            rows.append(
+                (
+                    case,
+                    name,
+                    wall,
+                    wall / base,
+                    wall / nosave,
+                    rss / 1024,
+                    f"{progress / final:.2f}" if name == "spotbook" else "",
+                )
+            )
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"{'case':<26} {'tool':<20} {'wall s':>7} {'/nbclient':>9} {'/pm-nosave':>10} "
+        f"{'peak RSS MiB':>12} {'progress bytes / final':>22}"
+    )
+    for case, name, wall, r1, r2, rss, b in rows:
+        print(f"{case:<26} {name:<20} {wall:>7.2f} {r1:>9.2f} {r2:>10.2f} {rss:>12.1f} {b:>22}")
+
+
+if __name__ == "__main__":
+    main()
