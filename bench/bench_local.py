@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import NBCLIENT_SCRIPT, median, timed, write_notebook  # noqa: E402
+from _common import NBCLIENT_SCRIPT, median, timed, write_notebook
 
 CASES = {
     "1 cell": ["x = 1"],
