@@ -28,15 +28,37 @@ def _param_values(nb: dict) -> dict:
 
 
 def _papermill(*args: str, cwd: Path) -> None:
-    subprocess.run([sys.executable, "-m", "papermill", *args, "--no-progress-bar"], cwd=cwd,
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "papermill", *args, "--no-progress-bar"],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize(
     ("notebook", "params"),
     [
-        (NOTEBOOKS / "params.ipynb", ["-p", "alpha", "2.5", "-p", "name", "x y", "-r", "opt", "1",
-                                      "-y", "items: [1, {a: 2}]", "-p", "flag", "True"]),
+        (
+            NOTEBOOKS / "params.ipynb",
+            [
+                "-p",
+                "alpha",
+                "2.5",
+                "-p",
+                "name",
+                "x y",
+                "-r",
+                "opt",
+                "1",
+                "-y",
+                "items: [1, {a: 2}]",
+                "-p",
+                "flag",
+                "True",
+            ],
+        ),
         (SHARED / "papermill/simple_execute.ipynb", ["-p", "msg", "hello"]),
         (SHARED / "nbclient/update-display-id.ipynb", []),
         (SHARED / "nbclient/Clear Output.ipynb", []),
@@ -52,8 +74,9 @@ def test_same_result_as_papermill(tmp_path: Path, notebook: Path, params: list[s
     pm, sb = load(tmp_path / "pm.ipynb"), load(tmp_path / "sb.ipynb")
     if params:
         assert _param_values(sb) == _param_values(pm)
-        assert sb["metadata"]["papermill"]["parameters"] == pm["metadata"]["papermill"][
-            "parameters"]
+        assert (
+            sb["metadata"]["papermill"]["parameters"] == pm["metadata"]["papermill"]["parameters"]
+        )
 
     def without_injected_source(nb: dict) -> list:
         return [c if "# Parameters" not in str(c[0]) else (None, *c[1:]) for c in comparable(nb)]
@@ -63,25 +86,31 @@ def test_same_result_as_papermill(tmp_path: Path, notebook: Path, params: list[s
 
 def test_failure_marked_like_papermill_marks_it(tmp_path: Path) -> None:
     nb = NOTEBOOKS / "error.ipynb"
-    subprocess.run([sys.executable, "-m", "papermill", str(nb), "pm.ipynb"], cwd=tmp_path,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "papermill", str(nb), "pm.ipynb"], cwd=tmp_path, capture_output=True
+    )
     assert cli("run", str(nb), "sb.ipynb", cwd=tmp_path).returncode == 1
     pm, sb = load(tmp_path / "pm.ipynb"), load(tmp_path / "sb.ipynb")
     # both put a visible note first and keep the traceback on the failing cell
     assert pm["cells"][0]["cell_type"] == sb["cells"][0]["cell_type"] == "markdown"
     pm_err = [o for c in pm["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
     sb_err = [o for c in sb["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
-    assert [(o["ename"], o["evalue"]) for o in sb_err] == [(o["ename"], o["evalue"])
-                                                           for o in pm_err]
+    assert [(o["ename"], o["evalue"]) for o in sb_err] == [
+        (o["ename"], o["evalue"]) for o in pm_err
+    ]
     assert sb["metadata"]["papermill"]["exception"] is True
 
 
 def test_execute_notebook_is_a_drop_in(tmp_path: Path) -> None:
     out = tmp_path / "o.ipynb"
-    nb = spotbook.execute_notebook(str(NOTEBOOKS / "params.ipynb"), str(out),
-                                   parameters={"alpha": 7, "name": "api"},
-                                   cwd=str(tmp_path), request_save_on_cell_execute=False,
-                                   run_dir=str(tmp_path / "rd"))
+    nb = spotbook.execute_notebook(
+        str(NOTEBOOKS / "params.ipynb"),
+        str(out),
+        parameters={"alpha": 7, "name": "api"},
+        cwd=str(tmp_path),
+        request_save_on_cell_execute=False,
+        run_dir=str(tmp_path / "rd"),
+    )
     texts = json.dumps([c.get("outputs") for c in nb.cells])
     assert "7 api False [1] None" in texts
     assert load(out)["metadata"]["spotbook"]["run_id"] == nb.metadata.spotbook.run_id
@@ -89,8 +118,9 @@ def test_execute_notebook_is_a_drop_in(tmp_path: Path) -> None:
 
 def test_execute_notebook_raises_the_cell_error(tmp_path: Path) -> None:
     with pytest.raises(spotbook.CellExecutionError) as info:
-        spotbook.execute_notebook(str(NOTEBOOKS / "error.ipynb"), str(tmp_path / "o.ipynb"),
-                                  run_dir=str(tmp_path / "rd"))
+        spotbook.execute_notebook(
+            str(NOTEBOOKS / "error.ipynb"), str(tmp_path / "o.ipynb"), run_dir=str(tmp_path / "rd")
+        )
     assert info.value.ename == "ValueError" and info.value.cell_index == 1
     assert (tmp_path / "o.ipynb").exists()
 
@@ -101,9 +131,13 @@ def test_execute_notebook_rejects_unknown_arguments(tmp_path: Path) -> None:
 
 
 def test_prepare_only(tmp_path: Path) -> None:
-    nb = spotbook.execute_notebook(str(NOTEBOOKS / "params.ipynb"), str(tmp_path / "p.ipynb"),
-                                   parameters={"alpha": 1}, prepare_only=True,
-                                   run_dir=str(tmp_path / "rd"))
+    nb = spotbook.execute_notebook(
+        str(NOTEBOOKS / "params.ipynb"),
+        str(tmp_path / "p.ipynb"),
+        parameters={"alpha": 1},
+        prepare_only=True,
+        run_dir=str(tmp_path / "rd"),
+    )
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in nb.cells)
     assert not (tmp_path / "rd" / "cells").exists()
 
