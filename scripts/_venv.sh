@@ -15,7 +15,8 @@ if [ -z "$PY" ]; then
   exit 2
 fi
 if [ ! -x .venv/bin/python ]; then
-  if ! "$PY" -m venv .venv 2>/dev/null; then
+  if ! "$PY" -m venv .venv 2>.venv-error.txt; then
+    echo "note: '$PY -m venv' failed: $(tail -n 2 .venv-error.txt)" >&2
     rm -rf .venv
     # Debian ships venv separately; install it when we may, else say what to do.
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -33,4 +34,5 @@ quiet() { grep -v "^WARNING: Location" || true; }
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
 .venv/bin/python -m pip install -q -e ".${1:-}" 2>&1 | quiet
 .venv/bin/python -c "import spotbook" || { echo "installing spotbook failed (see above)" >&2; exit 2; }
+rm -f .venv-error.txt
 export PATH="$PWD/.venv/bin:$PATH"
