@@ -41,14 +41,22 @@ def _cells_committed(store: Path) -> int:
 
 def _run(args: list[str], cwd: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([*SPOTBOOK, *args, "--no-progress-bar", "--log-level", "WARNING"],
-                   cwd=cwd, check=True, capture_output=True)
+    subprocess.run(
+        [*SPOTBOOK, *args, "--no-progress-bar", "--log-level", "WARNING"],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
 def _kill_after(args: list[str], store: Path, cells: int, cwd: Path) -> None:
-    proc = subprocess.Popen([*SPOTBOOK, *args, "--no-progress-bar"], cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*SPOTBOOK, *args, "--no-progress-bar"],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while _cells_committed(store) < cells:
         if proc.poll() is not None:
             raise RuntimeError("run ended before the kill")
@@ -59,16 +67,29 @@ def _kill_after(args: list[str], store: Path, cells: int, cwd: Path) -> None:
 
 def resume_vs_rerun(work: Path) -> None:
     n = 30
-    nb = write_notebook(work / "long.ipynb",
-                        ["import time\nacc = []"] + [f"time.sleep(0.5)\nacc.append({i})"
-                                                     for i in range(n)])
+    nb = write_notebook(
+        work / "long.ipynb",
+        ["import time\nacc = []"] + [f"time.sleep(0.5)\nacc.append({i})" for i in range(n)],
+    )
     store = work / "rs"
     _kill_after(["run", str(nb), "--run-dir", str(store)], store, n, work)  # last cell running
     resume = _run(["resume", str(store)], work)
     restart = _run(["run", str(nb), "--run-dir", str(work / "rs2"), "--restart"], work)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "papermill", str(nb), str(work / "pm.ipynb"), "-k",
-                    "python3", "--no-progress-bar"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(nb),
+            str(work / "pm.ipynb"),
+            "-k",
+            "python3",
+            "--no-progress-bar",
+        ],
+        check=True,
+        capture_output=True,
+    )
     papermill = time.perf_counter() - t0
     print(f"\n1. resume vs rerun ({n} cells x 0.5 s, killed during the last cell)")
     print(f"   spotbook resume          {resume:6.2f} s")
@@ -93,22 +114,33 @@ def snapshot_overhead(work: Path) -> None:
     nb = write_notebook(work / "heavy.ipynb", HEAVY)
     times = {}
     for mode in ("off", "auto", "every-cell"):
-        times[mode] = _run(["run", str(nb), "--run-dir", str(work / f"h-{mode}"),
-                            "--snapshot", mode], work)
+        times[mode] = _run(
+            ["run", str(nb), "--run-dir", str(work / f"h-{mode}"), "--snapshot", mode], work
+        )
     print("\n2. snapshot overhead, ~400 MB of arrays over 7 cells (~12 s of compute)")
     for mode, t in times.items():
-        print(f"   --snapshot {mode:<11} {t:6.2f} s   overhead {100 * (t / times['off'] - 1):5.1f}%")
+        print(
+            f"   --snapshot {mode:<11} {t:6.2f} s   overhead {100 * (t / times['off'] - 1):5.1f}%"
+        )
     # 3. restore speed: kill the every-cell run before its last cell, resume it
     store = work / "h-kill"
-    _kill_after(["run", str(nb), "--run-dir", str(store), "--snapshot", "every-cell"], store,
-                len(HEAVY) - 1, work)
+    _kill_after(
+        ["run", str(nb), "--run-dir", str(store), "--snapshot", "every-cell"],
+        store,
+        len(HEAVY) - 1,
+        work,
+    )
     _run(["resume", str(store)], work)
     att = json.loads((store / "attempts" / "0002.json").read_text())
     mb = att["restored_bytes"] / 1e6
     print(f"\n3. restore from a local store: {mb:.0f} MB")
-    print(f"   load in kernel     {att['load_seconds']:.3f} s  = {mb / att['load_seconds']:6.0f} MB/s")
-    print(f"   whole restore step {att['restore_seconds']:.3f} s  = "
-          f"{mb / att['restore_seconds']:6.0f} MB/s (incl. replays {att['replayed']})")
+    print(
+        f"   load in kernel     {att['load_seconds']:.3f} s  = {mb / att['load_seconds']:6.0f} MB/s"
+    )
+    print(
+        f"   whole restore step {att['restore_seconds']:.3f} s  = "
+        f"{mb / att['restore_seconds']:6.0f} MB/s (incl. replays {att['replayed']})"
+    )
 
 
 def trivial_cells(work: Path) -> None:
@@ -119,8 +151,12 @@ def trivial_cells(work: Path) -> None:
     print("\n4. 1000 trivial cells: snapshot policy cost (best of 3)")
     print(f"   raw nbclient            {base:6.2f} s")
     for mode in ("off", "auto", "every-cell"):
-        best = min(_run(["run", str(nb), "--run-dir", str(work / f"t-{mode}-{i}"),
-                         "--snapshot", mode], work) for i in range(3))
+        best = min(
+            _run(
+                ["run", str(nb), "--run-dir", str(work / f"t-{mode}-{i}"), "--snapshot", mode], work
+            )
+            for i in range(3)
+        )
         print(f"   spotbook --snapshot {mode:<11} {best:6.2f} s   ratio {best / base:5.2f}")
 
 

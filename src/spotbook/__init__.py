@@ -8,7 +8,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._api import execute_notebook, prepare_run, resume_run
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._errors import (
     CellError,
     CellExecutionError,
@@ -32,6 +34,24 @@ from ._errors import (
 )
 from ._in_kernel import checkpoint_dir, preempted
 from ._models import Limits, RunStatus, SnapshotMode, SnapshotPolicy
+
+if TYPE_CHECKING:
+    from ._api import execute_notebook, prepare_run, resume_run
+
+# The runner side (nbclient, jupyter_client) loads on first use: a kernel that imports
+# spotbook for preempted()/checkpoint_dir(), or for snapshots, must not pay for it
+# (importing jupyter_client into a kernel slows every later cell).
+_LAZY = {"execute_notebook": "._api", "prepare_run": "._api", "resume_run": "._api"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spotbook' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CellError",

@@ -49,19 +49,21 @@ class SnapshotMode(enum.StrEnum):
 class SnapshotPolicy:
     """Cost-aware snapshot policy.
 
-    ``auto``: snapshot once the compute since the last snapshot exceeds
-    ``cost_ratio`` times what the last snapshot cost, so snapshots take at most
-    about ``1 / cost_ratio`` of the run; a snapshot also happens whenever
-    ``interval`` seconds of compute have passed without one (when set).
+    ``auto``: snapshot once the compute since the last snapshot reaches both
+    ``min_gap`` seconds and ``cost_ratio`` times what the last snapshot cost, so
+    snapshots take at most about ``1 / cost_ratio`` of the run and a kill loses at
+    most about that much compute; a cell longer than that is always followed by one.
+    ``interval`` (when set) forces one after that much compute regardless of cost.
     """
 
     mode: SnapshotMode = SnapshotMode.AUTO
     cost_ratio: float = 20.0
+    min_gap: float = 1.0
     interval: float | None = None
 
     def __post_init__(self) -> None:
-        if self.cost_ratio <= 0:
-            raise UsageError("snapshot cost ratio must be positive")
+        if self.cost_ratio <= 0 or self.min_gap < 0:
+            raise UsageError("snapshot cost ratio must be positive and min gap not negative")
         if self.interval is not None and self.interval < 0:
             raise UsageError("--snapshot-interval must be zero or more seconds")
 
@@ -69,11 +71,11 @@ class SnapshotPolicy:
         """Whether to snapshot now, given compute since the last one and its cost."""
         if self.mode is SnapshotMode.OFF:
             return False
-        if self.mode is SnapshotMode.EVERY_CELL or last_cost is None:
+        if self.mode is SnapshotMode.EVERY_CELL:
             return True
         if self.interval is not None and compute_since >= self.interval:
             return True
-        return compute_since >= self.cost_ratio * last_cost
+        return compute_since >= max(self.min_gap, self.cost_ratio * (last_cost or 0.0))
 
     @classmethod
     def parse(cls, text: str, interval: float | None = None) -> SnapshotPolicy:

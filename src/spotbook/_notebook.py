@@ -30,6 +30,11 @@ ERROR_TAG = "spotbook-error"
 SKIP_TAG = "skip-execution"
 
 
+def load_frozen(text: str | bytes) -> Notebook:
+    """A notebook spotbook itself wrote and checked (the run store's input.ipynb)."""
+    return nbformat.from_dict(json.loads(text))
+
+
 def parse(text: str | bytes, where: str) -> Notebook:
     """Parse notebook JSON and check it is a runnable nbformat 4 notebook."""
     try:

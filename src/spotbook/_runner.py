@@ -82,6 +82,8 @@ class _Notice:
     def __init__(self, path: str) -> None:
         self.path = path
         self.event = asyncio.Event()
+        # one future for the whole attempt: racing each cell against it costs nothing
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.signame = ""
         self.at = 0.0
 
@@ -94,6 +96,7 @@ class _Notice:
         with contextlib.suppress(OSError), open(self.path, "w") as fh:
             fh.write(signame)
         self.event.set()
+        self.future.set_result(None)
 
 
 def start_index(nb: Any, records: dict[int, dict[str, Any]]) -> int:
@@ -118,7 +121,7 @@ class Runner:
         self.spec = RunSpec.from_json(run["spec"])
         raw = store.read("input.ipynb")
         assert raw is not None, "run.json exists without input.ipynb"
-        self.nb = nbs.parse(raw, f"{store.url}/input.ipynb")
+        self.nb = nbs.load_frozen(raw)
         self.records: dict[int, dict[str, Any]] = {}
         self.attempt = 0
         self.attempt_rec: dict[str, Any] = {}
@@ -334,22 +337,23 @@ class Runner:
         """Await ``coro`` against the time limits and the termination notice."""
         assert self._notice is not None
         task = asyncio.ensure_future(coro)
-        notice = asyncio.ensure_future(self._notice.event.wait())
+        notice: asyncio.Future[Any] = self._notice.future
         now = time.monotonic()
         cell_deadline = None if cell_timeout is None else now + cell_timeout
         deadlines = [d for d in (self._deadline, cell_deadline) if d is not None]
         deadline = min(deadlines) if deadlines else None
         try:
             timeout = None if deadline is None else max(0.0, deadline - now)
+            racers: set[asyncio.Future[Any]] = {task, notice}
             done, _ = await asyncio.wait(
-                {task, notice}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                racers, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if task in done:
                 return task.result()
             if notice in done:
                 left = max(0.0, grace - (time.monotonic() - self._notice.at))
-                done, _ = await asyncio.wait({task}, timeout=left)
-                if task in done:
+                await asyncio.wait({task}, timeout=left)
+                if task.done():
                     return task.result()
                 raise Terminated(self._notice.signame, self._resume_hint())
             if deadline == cell_deadline and cell_timeout is not None:
@@ -357,7 +361,6 @@ class Runner:
             assert self.spec.limits.run_timeout is not None
             raise RunTimeoutError(cell_index=index, timeout=self.spec.limits.run_timeout)
         finally:
-            notice.cancel()
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -370,7 +373,8 @@ class Runner:
     async def _run_cells(self, start: int) -> None:
         assert self.session is not None and self._notice is not None
         limits = self.spec.limits
-        total = sum(1 for c in self.nb.cells if nbs.executable(c))
+        runnable = [i for i, c in enumerate(self.nb.cells) if nbs.executable(c)]
+        total, last = len(runnable), runnable[-1]
         for index in range(start, len(self.nb.cells)):
             cell = self.nb.cells[index]
             if not nbs.executable(cell):
@@ -409,8 +413,11 @@ class Runner:
                 # in the store too (when the policy snapshots), so a kill after the
                 # commit never makes a resume run it again.
                 self._compute_since_snap += duration
-                if self._snap_enabled and self.spec.snapshot.due(
-                    self._compute_since_snap, self._snap_cost
+                # after the last cell there is nothing left to resume
+                if (
+                    index != last
+                    and self._snap_enabled
+                    and self.spec.snapshot.due(self._compute_since_snap, self._snap_cost)
                 ):
                     try:
                         await self._snapshot(index)

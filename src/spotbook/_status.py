@@ -42,8 +42,8 @@ def describe(store: RunStore) -> dict[str, Any]:
     run = store.require_run()
     spec = RunSpec.from_json(run["spec"])
     raw = store.read("input.ipynb")
-    nb = nbs.parse(raw or b"", "input.ipynb")
-    executable = [i for i, c in enumerate(nb.cells) if nbs.executable(c)]
+    cells = nbs.load_frozen(raw).cells if raw else []
+    executable = [i for i, c in enumerate(cells) if nbs.executable(c)]
     records = store.cell_records()
     done = [i for i in executable if records.get(i, {}).get("status") in ("completed", "exited")]
     failing = next((r for r in records.values() if r.get("status") == "failed"), None)

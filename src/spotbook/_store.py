@@ -21,6 +21,7 @@ attempt can never change what a newer one sees.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -121,8 +122,11 @@ def check_writable(url: str) -> None:
         ) from exc
 
 
+_tmp_names = itertools.count()
+
+
 def _atomic_local(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
