@@ -11,11 +11,11 @@ spotbook run examples/train.ipynb demo-output.ipynb -p epochs 6 --run-dir "$RUN"
 pid=$!
 # wait until four cells (data, model, two epochs) are committed, then pull the plug
 for _ in $(seq 1 600); do
-  n=$( (ls "$RUN/cells" 2>/dev/null || true) | wc -l)
+  n=$( (cat "$RUN"/cells/*.jsonl 2>/dev/null || true) | wc -l)
   [ "$n" -ge 5 ] && break
   sleep 0.1
 done
-echo "== 2. kill -9 $pid after $(ls "$RUN/cells" | wc -l) committed cells (the node is gone)"
+echo "== 2. kill -9 $pid after $(cat "$RUN"/cells/*.jsonl | wc -l) committed cells (the node is gone)"
 kill -9 "$pid"; wait "$pid" 2>/dev/null || true
 spotbook status "$RUN"
 echo "== 3. spotbook resume $RUN"

@@ -54,9 +54,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = ""
 
 
 def cells_committed(run_dir: Path) -> int:
-    """Number of cell records in a run store (all attempts)."""
+    """Number of complete cell records in a local run store (all attempts)."""
     d = run_dir / "cells"
-    return len([n for n in os.listdir(d) if n.endswith(".json")]) if d.is_dir() else 0
+    if not d.is_dir():
+        return 0
+    return sum((d / n).read_bytes().count(b"\n") for n in os.listdir(d) if n.endswith(".jsonl"))
 
 
 def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> tuple[int, str]:

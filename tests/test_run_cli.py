@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cli, load
+from .conftest import cells_committed, cli, load
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ def test_parameters_flags_and_store(work: Path) -> None:
     assert run_dir.parent == work / ".spotbook" / "runs"
     for part in ("run.json", "input.ipynb", "output.ipynb", "key", "attempts/0001.json"):
         assert (run_dir / part).exists(), part
-    assert len(os.listdir(run_dir / "cells")) == 5  # one record per executed cell
+    assert cells_committed(run_dir) == 5  # one record per executed cell
     assert load(run_dir / "output.ipynb")["cells"] == out["cells"]
     assert load(run_dir / "attempts" / "0001.json")["outcome"] == "completed"
     frozen = load(run_dir / "input.ipynb")

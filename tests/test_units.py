@@ -230,3 +230,16 @@ def test_exclusive_create_is_exclusive(tmp_path: Path) -> None:
     assert store.create("attempts/0001.json", b"{}")
     assert not store.create("attempts/0001.json", b"{}")
     assert CellKey.parse(CellKey(12, 3).name) == CellKey(12, 3)
+
+
+def test_a_torn_last_record_line_is_ignored(tmp_path: Path) -> None:
+    store = RunStore(str(tmp_path / "run"))
+    a1 = store.claim_attempt({"resumed_from": 0})
+    store.write_cell(0, a1, {"index": 0, "status": "completed"})
+    store.write_cell(1, a1, {"index": 1, "status": "completed", "v": 1})
+    store.write_cell(1, a1, {"index": 1, "status": "completed", "v": 2})  # re-recorded
+    store.close()
+    with open(tmp_path / "run" / "cells" / "a0001.jsonl", "ab") as fh:
+        fh.write(b'{"index": 2, "status": "compl')  # killed mid-write
+    recs = store.cell_records()
+    assert sorted(recs) == [0, 1] and recs[1]["v"] == 2

@@ -157,6 +157,7 @@ class Runner:
                 loop.remove_signal_handler(sig)
             if self.session is not None:
                 await self.session.shutdown()
+            self.store.close()
             with contextlib.suppress(OSError):
                 if os.path.exists(self._notice.path):
                     os.unlink(self._notice.path)

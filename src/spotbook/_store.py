@@ -6,7 +6,8 @@ Layout under the run's URL::
     key                      HMAC key for snapshots (unless SPOTBOOK_SNAPSHOT_KEY is set)
     input.ipynb              the parameterised notebook, frozen at creation
     output.ipynb             assembled notebook, refreshed on a throttle and at the end
-    cells/NNNNN-aMMMM.json   one record per finished cell, written by attempt MMMM
+    cells/aMMMM.jsonl        records of finished cells, one line each, by attempt MMMM
+                             (object stores: cells/NNNNN-aMMMM.json, one object each)
     attempts/MMMM.json       one record per attempt, created exclusively (the fence)
     state/blobs/SHA256       content-addressed pickles of kernel variables
     state/snap/NNNNN-aMMMM.json   snapshot manifest taken after cell NNNNN
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 LOCAL_RUNS = os.path.join(".spotbook", "runs")
 _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
+_JSONL_RE = re.compile(r"^a(\d{4})\.jsonl$")
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -160,6 +162,7 @@ class RunStore:
         self.fs, self.root = _fs(url)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.bytes_written = 0
+        self._fds: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"RunStore({self.url!r})"
@@ -308,19 +311,46 @@ class RunStore:
 
     # -- cells -----------------------------------------------------------------
     def write_cell(self, index: int, attempt: int, record: dict[str, Any]) -> None:
-        self.write_json(f"cells/{CellKey(index, attempt).name}", record)
+        """Commit one cell's record (a later record of the same cell and attempt wins)."""
+        if self.local:
+            # One line appended with one write(2) per record: a kill leaves whole lines
+            # and at most one torn last line, which readers skip.
+            self._append(f"cells/a{attempt:04d}.jsonl", record)
+        else:
+            self.write_json(f"cells/{CellKey(index, attempt).name}", record)
 
-    def valid_keys(self, prefix: str, names: list[str]) -> dict[int, CellKey]:
-        """For each cell index, the newest record that counts (see module doc)."""
+    def _append(self, rel: str, obj: Any) -> None:
+        data = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        with self._translate(f"append to {rel}"):
+            fd = self._fds.get(rel)
+            if fd is None:
+                path = self.path(rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = self._fds[rel] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        self.bytes_written += len(data)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    def _counts(self, index: int, attempt: int, takeover: dict[int, int]) -> bool:
+        """A record counts unless a later attempt took over at or before its cell."""
+        limit = takeover.get(attempt + 1)
+        return limit is None or index < limit
+
+    def valid_keys(self, names: list[str]) -> dict[int, CellKey]:
+        """For each cell index, the newest per-object record that counts."""
         takeover = self._takeover_points()
         best: dict[int, CellKey] = {}
         for name in names:
             key = CellKey.parse(name)
-            if key is None:
+            if key is None or not self._counts(key.index, key.attempt, takeover):
                 continue
-            limit = takeover.get(key.attempt + 1)
-            if limit is not None and key.index >= limit:
-                continue  # written by an attempt after a newer one took over
             if key.index not in best or key.attempt > best[key.index].attempt:
                 best[key.index] = key
         return best
@@ -339,12 +369,36 @@ class RunStore:
         return bound
 
     def cell_records(self) -> dict[int, dict[str, Any]]:
-        keys = self.valid_keys("cells", self.names("cells"))
-        out = {}
-        for index, key in keys.items():
-            rec = self.read_json(f"cells/{key.name}")
-            if rec is not None:
-                out[index] = rec
+        """The record that counts for each finished cell."""
+        takeover = self._takeover_points()
+        best: dict[int, tuple[int, dict[str, Any]]] = {}
+        names = self.names("cells")
+        for name in names:
+            m = _JSONL_RE.match(name)
+            if not m:
+                continue
+            attempt = int(m.group(1))
+            for rec in self._read_lines(f"cells/{name}"):
+                index = int(rec["index"])
+                if self._counts(index, attempt, takeover) and (
+                    index not in best or attempt >= best[index][0]
+                ):
+                    best[index] = (attempt, rec)
+        for index, key in self.valid_keys(names).items():
+            if index not in best or key.attempt > best[index][0]:
+                rec = self.read_json(f"cells/{key.name}")
+                if rec is not None:
+                    best[index] = (key.attempt, rec)
+        return {index: rec for index, (_, rec) in best.items()}
+
+    def _read_lines(self, rel: str) -> list[dict[str, Any]]:
+        data = self.read(rel) or b""
+        out = []
+        for line in data.split(b"\n"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # the torn last line of a killed writer, or the empty tail
         return out
 
     # -- snapshots ---------------------------------------------------------------
@@ -352,4 +406,4 @@ class RunStore:
         return f"state/blobs/{digest}"
 
     def snapshot_keys(self) -> dict[int, CellKey]:
-        return self.valid_keys("state/snap", self.names("state/snap"))
+        return self.valid_keys(self.names("state/snap"))
