@@ -11,6 +11,7 @@
    (bytes unpickled over the kernel's load time, and over the whole restore step).
 4. Snapshot cost per cell on 1000 trivial cells: spotbook with snapshots auto /
    every-cell / off against raw nbclient.
+5. SIGTERM to exit: a runner told to stop while a cell runs a long loop.
 
     .venv/bin/python bench/bench_resume.py [--skip-trivial]
 """
@@ -36,7 +37,9 @@ SPOTBOOK = [sys.executable, "-m", "spotbook"]
 
 def _cells_committed(store: Path) -> int:
     d = store / "cells"
-    return len(os.listdir(d)) if d.is_dir() else 0
+    if not d.is_dir():
+        return 0
+    return sum((d / n).read_bytes().count(b"\n") for n in os.listdir(d))
 
 
 def _run(args: list[str], cwd: Path) -> float:
@@ -143,6 +146,38 @@ def snapshot_overhead(work: Path) -> None:
     )
 
 
+def sigterm_to_exit(work: Path) -> None:
+    """5. SIGTERM while a cell runs a long loop: time until the runner has exited 75."""
+    nb = write_notebook(
+        work / "term.ipynb", ["import time\nx = list(range(10))", "time.sleep(600)"]
+    )
+    print("\n5. SIGTERM to exit, a cell running (default --grace 8 s; GKE gives ~15 s)")
+    for grace in ("8", "2"):
+        store = work / f"term-{grace}"
+        proc = subprocess.Popen(
+            [
+                *SPOTBOOK,
+                "run",
+                str(nb),
+                "--run-dir",
+                str(store),
+                "--grace",
+                grace,
+                "--no-progress-bar",
+            ],
+            cwd=work,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        while _cells_committed(store) < 1:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait()
+        print(f"   --grace {grace}: exit {code} after {time.perf_counter() - t0:5.2f} s")
+
+
 def trivial_cells(work: Path) -> None:
     nb = write_notebook(work / "t.ipynb", [f"x = {i}" for i in range(1000)])
     script = work / "nbc.py"
@@ -168,6 +203,7 @@ def main() -> None:
     try:
         resume_vs_rerun(work)
         snapshot_overhead(work)
+        sigterm_to_exit(work)
         if not args.skip_trivial:
             trivial_cells(work)
     finally:

@@ -38,9 +38,8 @@ def _shell() -> Any:
     return get_ipython()
 
 
-def _rebind_main(func: types.FunctionType) -> types.FunctionType:
-    """Give a restored notebook function the live namespace as its globals."""
-    glb = _shell().user_global_ns
+def _with_globals(func: types.FunctionType, glb: dict[str, Any]) -> types.FunctionType:
+    """A copy of ``func`` that looks its globals up in ``glb``."""
     new = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
     new.__kwdefaults__ = func.__kwdefaults__
     new.__qualname__ = func.__qualname__
@@ -51,6 +50,11 @@ def _rebind_main(func: types.FunctionType) -> types.FunctionType:
     return new
 
 
+def _rebind_main(func: types.FunctionType) -> types.FunctionType:
+    """Give a restored notebook function the live namespace as its globals."""
+    return _with_globals(func, _shell().user_global_ns)
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def __init__(self, file: Any, user_globals: dict[str, Any]) -> None:
         super().__init__(file, protocol=5)
@@ -58,19 +62,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is types.FunctionType and obj.__globals__ is self._user_globals:
-            bare = types.FunctionType(
-                obj.__code__,
-                {"__builtins__": builtins, "__name__": "__main__"},
-                obj.__name__,
-                obj.__defaults__,
-                obj.__closure__,
-            )
-            bare.__kwdefaults__ = obj.__kwdefaults__
-            bare.__qualname__ = obj.__qualname__
-            bare.__doc__ = obj.__doc__
-            bare.__dict__.update(obj.__dict__)
-            bare.__annotations__ = obj.__annotations__
-            bare.__module__ = obj.__module__
+            bare = _with_globals(obj, {"__builtins__": builtins, "__name__": "__main__"})
             return (_rebind_main, (bare,))
         return super().reducer_override(obj)
 

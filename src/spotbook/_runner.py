@@ -21,7 +21,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import _notebook as nbs
@@ -61,19 +61,17 @@ class RunnerOptions:
     handle_signals: bool = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
+    """How a finished attempt left the run."""
+
     run_id: str
     url: str
     status: RunStatus
     cells_done: int
     cells_total: int
     attempt: int
-    output_bytes: int = 0
-    progress_bytes: int = 0
     replayed: tuple[int, ...] = ()
-    restore_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 class _Notice:
@@ -310,8 +308,11 @@ class Runner:
                 self._set_status(RunStatus.INTERRUPTED, str(exc))
             raise
         self._end_attempt(Outcome.COMPLETED)
-        out_bytes = self._refresh(force=True, final=True)
+        self._refresh(force=True, final=True)
         self._set_status(RunStatus.SUCCEEDED)
+        return self._result(plan.replay if plan else ())
+
+    def _result(self, replayed: tuple[int, ...] = ()) -> RunResult:
         return RunResult(
             run_id=self.spec.run_id,
             url=self.store.url,
@@ -319,10 +320,7 @@ class Runner:
             cells_done=len(self.records),
             cells_total=sum(1 for c in self.nb.cells if nbs.executable(c)),
             attempt=self.attempt,
-            output_bytes=out_bytes,
-            progress_bytes=self.store.bytes_written,
-            replayed=plan.replay if plan else (),
-            restore_seconds=float(self.attempt_rec.get("restore_seconds", 0.0)),
+            replayed=replayed,
         )
 
     def _elapsed_before(self) -> float:
@@ -562,17 +560,8 @@ class Runner:
         log.info("run %s has already finished; writing its output again", self.spec.run_id)
         run = self.store.require_run()
         self.attempt = int(run.get("attempt", 0))
-        size = self._refresh(force=True, final=True)
-        return RunResult(
-            run_id=self.spec.run_id,
-            url=self.store.url,
-            status=RunStatus.SUCCEEDED,
-            cells_done=len(self.records),
-            cells_total=sum(1 for c in self.nb.cells if nbs.executable(c)),
-            attempt=self.attempt,
-            output_bytes=size,
-            notes=["already finished"],
-        )
+        self._refresh(force=True, final=True)
+        return self._result()
 
     # -- snapshots ------------------------------------------------------------------
     async def _snapshot(self, index: int) -> None:
