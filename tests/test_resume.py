@@ -292,3 +292,23 @@ def test_unfinished_run_continues_with_the_same_run_command(
     assert r.returncode == 0, r.stderr
     assert comparable(load(work / "out.ipynb")) == comparable(reference)
     assert _marker_runs(work) == 1
+
+
+def test_unchanged_arrays_are_not_written_again_but_mutations_are_seen(work: Path) -> None:
+    cells = [
+        "import numpy as np\nbig = np.arange(2_000_000, dtype=np.float64)\nsmall = [1]",
+        "small.append(2)",
+        "big[123] = -1.0",
+        "print(big[123], small)",
+    ]
+    nb = load(work / "state.ipynb")
+    nb["cells"] = [{**nb["cells"][0], "id": f"m{i}", "source": src} for i, src in enumerate(cells)]
+    (work / "arr.ipynb").write_text(json.dumps(nb))
+    r = cli("run", "arr.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work)
+    assert r.returncode == 0, r.stderr
+    snaps = [json.loads(p.read_text()) for p in sorted((work / "rd" / "state" / "snap").iterdir())]
+    digests = [s["vars"]["big"]["sha256"] for s in snaps]
+    assert digests[0] == digests[1] != digests[2]  # unchanged, then mutated in place
+    assert snaps[1]["bytes_written"] < 1000  # the 16 MB array was not written again
+    blob = work / "rd" / "state" / "blobs" / digests[2]
+    assert pickle.loads(blob.read_bytes())[123] == -1.0

@@ -168,7 +168,7 @@ def test_failed_cell_gets_a_note_at_the_top() -> None:
 
 def test_snapshot_policy_is_cost_aware() -> None:
     auto = SnapshotPolicy()
-    assert not auto.due(0.5, None)  # under a second of compute at stake: not worth it
+    assert not auto.due(0.4, None)  # under half a second of compute at stake: not worth it
     assert auto.due(1.0, None)  # a long cell is always followed by one
     assert not auto.due(1.5, 0.1)  # 1.5 s of compute vs a 0.1 s snapshot: not yet
     assert auto.due(2.0, 0.1)

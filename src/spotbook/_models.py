@@ -50,7 +50,8 @@ class SnapshotPolicy:
     """Cost-aware snapshot policy.
 
     ``auto``: snapshot once the compute since the last snapshot reaches both
-    ``min_gap`` seconds and ``cost_ratio`` times what the last snapshot cost, so
+    ``min_gap`` seconds and ``cost_ratio`` times what a snapshot costs (the last one's
+    cost, or before the first an estimate from the state's size), so
     snapshots take at most about ``1 / cost_ratio`` of the run and a kill loses at
     most about that much compute; a cell longer than that is always followed by one.
     ``interval`` (when set) forces one after that much compute regardless of cost.
@@ -58,7 +59,7 @@ class SnapshotPolicy:
 
     mode: SnapshotMode = SnapshotMode.AUTO
     cost_ratio: float = 20.0
-    min_gap: float = 1.0
+    min_gap: float = 0.5
     interval: float | None = None
 
     def __post_init__(self) -> None:

@@ -126,6 +126,7 @@ class Runner:
         self.session: KernelSession | None = None
         self._snap_enabled = self.spec.snapshot.mode is not SnapshotMode.OFF
         self._snap_cost: float | None = None
+        self._snaps_taken = 0
         self._compute_since_snap = 0.0
         self._last_refresh = 0.0
         self._refresh_cost = 0.0
@@ -413,11 +414,7 @@ class Runner:
                 # commit never makes a resume run it again.
                 self._compute_since_snap += duration
                 # after the last cell there is nothing left to resume
-                if (
-                    index != last
-                    and self._snap_enabled
-                    and self.spec.snapshot.due(self._compute_since_snap, self._snap_cost)
-                ):
+                if index != last and await self._snapshot_due():
                     try:
                         await self._snapshot(index)
                     except Terminated:
@@ -596,9 +593,26 @@ class Runner:
         cost = time.monotonic() - m0
         # The first snapshot of an attempt also pays for importing the snapshot code in
         # the kernel; the policy wants what the next one will cost.
-        self._snap_cost = cost if self._snap_cost is not None else manifest["seconds"]
+        self._snap_cost = cost if self._snaps_taken else manifest["seconds"]
+        self._snaps_taken += 1
         self._compute_since_snap = 0.0
         log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
+
+    async def _snapshot_due(self) -> bool:
+        policy = self.spec.snapshot
+        if not self._snap_enabled or not policy.due(self._compute_since_snap, self._snap_cost):
+            return False
+        if self._snap_cost is None and policy.mode is SnapshotMode.AUTO:
+            # No snapshot yet: estimate its cost from the state's size (about 1 GB/s to
+            # pickle, hash and write), so the first one also keeps to the cost ratio.
+            assert self.session is not None
+            try:
+                size = await self.session.evaluate(f"{_KERNEL_MODULE}.state_bytes()")
+            except RuntimeError:
+                return True  # _snapshot reports why snapshots cannot work
+            self._snap_cost = 0.003 + int(size) / 1e9
+            return policy.due(self._compute_since_snap, self._snap_cost)
+        return True
 
     async def _last_snapshot(self, index: int) -> None:
         """On a notice between cells: one more snapshot, if it fits the save budget."""
