@@ -167,6 +167,7 @@ def snapshot(url: str) -> str:
         {
             "vars": entries,
             "written": written,
+            "state_bytes": state_bytes(),
             "seconds": time.perf_counter() - started,
         }
     )

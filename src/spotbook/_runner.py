@@ -126,6 +126,7 @@ class Runner:
         self.session: KernelSession | None = None
         self._snap_enabled = self.spec.snapshot.mode is not SnapshotMode.OFF
         self._snap_cost: float | None = None
+        self._snap_rate = 250e6  # bytes of state a snapshot gets through per second
         self._snaps_taken = 0
         self._compute_since_snap = 0.0
         self._last_refresh = 0.0
@@ -594,6 +595,8 @@ class Runner:
         # The first snapshot of an attempt also pays for importing the snapshot code in
         # the kernel; the policy wants what the next one will cost.
         self._snap_cost = cost if self._snaps_taken else manifest["seconds"]
+        if manifest["seconds"] > 0 and manifest["state_bytes"] > 1 << 20:
+            self._snap_rate = max(manifest["state_bytes"] / manifest["seconds"], 1e6)
         self._snaps_taken += 1
         self._compute_since_snap = 0.0
         log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
@@ -602,17 +605,21 @@ class Runner:
         policy = self.spec.snapshot
         if not self._snap_enabled or not policy.due(self._compute_since_snap, self._snap_cost):
             return False
-        if self._snap_cost is None and policy.mode is SnapshotMode.AUTO:
-            # No snapshot yet: estimate its cost from the state's size (about 1 GB/s to
-            # pickle, hash and write), so the first one also keeps to the cost ratio.
-            assert self.session is not None
-            try:
-                size = await self.session.evaluate(f"{_KERNEL_MODULE}.state_bytes()")
-            except RuntimeError:
-                return True  # _snapshot reports why snapshots cannot work
-            self._snap_cost = 0.003 + int(size) / 1e9
-            return policy.due(self._compute_since_snap, self._snap_cost)
-        return True
+        if policy.mode is not SnapshotMode.AUTO:
+            return True
+        # The last snapshot's cost says little when the state has grown since: predict
+        # this one's from the state's size and the throughput the last one achieved
+        # (before the first, a conservative 250 MB/s), and keep to the cost ratio.
+        assert self.session is not None
+        try:
+            size = int(await self.session.evaluate(f"{_KERNEL_MODULE}.state_bytes()"))
+        except RuntimeError:
+            return True  # _snapshot reports why snapshots cannot work
+        predicted = 0.003 + size / self._snap_rate
+        if predicted > (self._snap_cost or 0.0):
+            # remember it, so the next question waits until it could be worth asking
+            self._snap_cost = predicted
+        return policy.due(self._compute_since_snap, self._snap_cost)
 
     async def _last_snapshot(self, index: int) -> None:
         """On a notice between cells: one more snapshot, if it fits the save budget."""
