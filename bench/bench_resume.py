@@ -113,19 +113,44 @@ HEAVY = [
 ]
 
 
+MEDIUM = [
+    "import numpy as np\nimport time\nw = np.zeros(12_500_000)  # 100 MB, updated by every step",
+] + [
+    "t0 = time.time()\nwhile time.time() - t0 < 2:\n    w += 1e-3\nprint(round(float(w[0]), 3))"
+] * 10
+
+
 def snapshot_overhead(work: Path) -> None:
-    nb = write_notebook(work / "heavy.ipynb", HEAVY)
+    for label, cells in (
+        ("~400 MB of arrays over 7 cells (~12 s of compute)", HEAVY),
+        ("100 MB updated by each of 10 cells (~20 s of compute)", MEDIUM),
+    ):
+        _overhead(work, label, cells)
+    _restore_speed(work)
+
+
+def _overhead(work: Path, label: str, cells: list[str]) -> None:
+    nb = write_notebook(work / "heavy.ipynb", cells)
     times = {}
     for mode in ("off", "auto", "every-cell"):
         times[mode] = _run(
             ["run", str(nb), "--run-dir", str(work / f"h-{mode}"), "--snapshot", mode], work
         )
-    print("\n2. snapshot overhead, ~400 MB of arrays over 7 cells (~12 s of compute)")
+    print(f"\n2. snapshot overhead, {label}")
     for mode, t in times.items():
+        overhead = 100 * (t / times["off"] - 1)
+        snap_dir = work / f"h-{mode}" / "state" / "snap"
+        taken = len(os.listdir(snap_dir)) if snap_dir.is_dir() else 0
         print(
-            f"   --snapshot {mode:<11} {t:6.2f} s   overhead {100 * (t / times['off'] - 1):5.1f}%"
+            f"   --snapshot {mode:<11} {t:6.2f} s   overhead {overhead:5.1f}%   "
+            f"snapshots taken {taken}"
         )
-    # 3. restore speed: kill the every-cell run before its last cell, resume it
+        shutil.rmtree(work / f"h-{mode}")
+
+
+def _restore_speed(work: Path) -> None:
+    """3. kill the every-cell run of the 400 MB notebook before its last cell, resume it."""
+    nb = write_notebook(work / "heavy.ipynb", HEAVY)
     store = work / "h-kill"
     _kill_after(
         ["run", str(nb), "--run-dir", str(store), "--snapshot", "every-cell"],
