@@ -144,13 +144,6 @@ class KernelSession:
     def _km(self) -> Any:
         return self._client.km
 
-    @property
-    def kernel_pid(self) -> int | None:
-        km = self._km
-        provisioner = getattr(km, "provisioner", None)
-        proc = getattr(provisioner, "process", None)
-        return getattr(proc, "pid", None)
-
     async def run_cell(self, cell: Any, index: int, store_history: bool = True) -> CellResult:
         """Execute one cell. Errors in the cell are results, not exceptions."""
         self._last_reply = {}
@@ -251,11 +244,6 @@ class KernelSession:
         if result.get("status") != "ok":
             raise RuntimeError(f"{result.get('ename')}: {result.get('evalue')}")
         return ast.literal_eval(result["data"]["text/plain"])
-
-    async def interrupt(self) -> None:
-        km = self._km
-        if km is not None and await km.is_alive():
-            await km.interrupt_kernel()
 
     async def shutdown(self) -> None:
         client = self._client

@@ -224,7 +224,3 @@ def restore(url: str, manifest_json: str, key: str, only: list[str] | None = Non
 def set_execution_count(n: int) -> None:
     """Continue the kernel's In[] numbering where the interrupted run left off."""
     _shell().execution_count = n
-
-
-def python_info() -> str:
-    return sys.version

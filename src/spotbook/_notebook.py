@@ -208,23 +208,6 @@ def _error_cell(nb: Notebook, index: int, rec: Mapping[str, Any]) -> Any:
     return cell
 
 
-def strip_volatile(nb: Notebook) -> Notebook:
-    """A copy without timing and run metadata, for comparing two runs' results."""
-    out = copy.deepcopy(nb)
-    out.metadata.pop("spotbook", None)
-    out.metadata.pop("papermill", None)
-    for cell in out.cells:
-        cell.metadata.pop("spotbook", None)
-        cell.metadata.pop("papermill", None)
-        cell.metadata.pop("execution", None)
-        cell.pop("id", None)
-    return out
-
-
-def count_code_cells(nb: Notebook) -> int:
-    return sum(1 for c in nb.cells if c.cell_type == "code")
-
-
 def outputs_copy(outputs: Sequence[Any]) -> list[Any]:
     """Recorded outputs as NotebookNodes a client can update in place."""
     return [nbformat.from_dict(copy.deepcopy(o)) for o in outputs]
