@@ -163,6 +163,7 @@ class RunStore:
         self.local = isinstance(self.fs, LocalFileSystem)
         self.bytes_written = 0
         self._fds: dict[str, int] = {}
+        self._key: bytes | None = None
 
     def __repr__(self) -> str:
         return f"RunStore({self.url!r})"
@@ -271,15 +272,19 @@ class RunStore:
         return data
 
     def key(self) -> bytes:
-        env = os.environ.get("SPOTBOOK_SNAPSHOT_KEY")
-        if env:
-            return env.encode()
-        data = self.read("key")
-        if data is None:
-            self.create("key", secrets.token_hex(32).encode())
-            data = self.read("key")
-        assert data is not None
-        return data.strip()
+        """The HMAC key for snapshot manifests (read once per store object)."""
+        if self._key is None:
+            env = os.environ.get("SPOTBOOK_SNAPSHOT_KEY")
+            if env:
+                self._key = env.encode()
+            else:
+                data = self.read("key")
+                if data is None:
+                    self.create("key", secrets.token_hex(32).encode())
+                    data = self.read("key")
+                assert data is not None
+                self._key = data.strip()
+        return self._key
 
     # -- attempts ------------------------------------------------------------
     def attempt_numbers(self) -> list[int]:
