@@ -32,6 +32,13 @@ def reference(work: Path, state_env: dict[str, str]) -> dict:
     return load(work / "ref.ipynb")
 
 
+def _start(work: Path, env: dict[str, str], *extra: str):
+    """`spotbook run state.ipynb out.ipynb --run-dir rd EXTRA...` in the background."""
+    return start_cli(
+        "run", "state.ipynb", "out.ipynb", "--run-dir", "rd", *extra, cwd=work, env=env
+    )
+
+
 def _resume(work: Path, rd: str, env: dict[str, str], *extra: str) -> None:
     r = cli("resume", rd, *extra, cwd=work, env=env)
     assert r.returncode == 0, r.stderr
@@ -61,7 +68,7 @@ def test_sigkill_while_a_cell_runs_default_policy(
     work: Path, state_env: dict, reference: dict
 ) -> None:
     rd = work / "rd"
-    proc = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=state_env)
+    proc = _start(work, state_env)
     wait_for(lambda: cells_committed(rd) >= 4, what="slow cell started")
     kill(proc)  # inside the 1.5 s sleep of cell 4
     _resume(work, "rd", state_env)
@@ -136,17 +143,7 @@ def test_sigterm_saves_and_exits_75_then_resumes(
     work: Path, state_env: dict, reference: dict
 ) -> None:
     rd = work / "rd"
-    proc = start_cli(
-        "run",
-        "state.ipynb",
-        "out.ipynb",
-        "--run-dir",
-        "rd",
-        "--grace",
-        "0.2",
-        cwd=work,
-        env=state_env,
-    )
+    proc = _start(work, state_env, "--grace", "0.2")
     wait_for(lambda: cells_committed(rd) >= 4, what="slow cell started")
     code, err = kill(proc, signal.SIGTERM)
     assert code == 75, err
@@ -163,17 +160,7 @@ def test_sigterm_saves_and_exits_75_then_resumes(
 
 def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, state_env: dict) -> None:
     rd = work / "rd"
-    proc = start_cli(
-        "run",
-        "state.ipynb",
-        "out.ipynb",
-        "--run-dir",
-        "rd",
-        "--grace",
-        "5",
-        cwd=work,
-        env=state_env,
-    )
+    proc = _start(work, state_env, "--grace", "5")
     # the snapshot after the 1 s cell 3 is the last thing before the 1.5 s cell 4 starts
     wait_for(lambda: (rd / "state" / "snap" / "00003-a0001.json").exists(), what="snapshot")
     time.sleep(0.3)  # well inside cell 4's 1.5 s sleep
@@ -185,7 +172,7 @@ def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, state_env: di
 
 def test_two_runners_on_one_store(work: Path, state_env: dict, reference: dict) -> None:
     rd = work / "rd"
-    first = start_cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=state_env)
+    first = _start(work, state_env)
     wait_for(lambda: cells_committed(rd) >= 2, what="first runner progressing")
     second = start_cli("resume", "rd", cwd=work, env=state_env)
     outs = [p.communicate(timeout=120) for p in (first, second)]
@@ -200,18 +187,7 @@ def test_two_runners_on_one_store(work: Path, state_env: dict, reference: dict) 
 
 def _kill_after(work: Path, k: int, env: dict, *extra: str) -> Path:
     rd = work / "rd"
-    proc = start_cli(
-        "run",
-        "state.ipynb",
-        "out.ipynb",
-        "--run-dir",
-        "rd",
-        "--snapshot",
-        "every-cell",
-        *extra,
-        cwd=work,
-        env=env,
-    )
+    proc = _start(work, env, "--snapshot", "every-cell", *extra)
     wait_for(lambda: cells_committed(rd) >= k, what=f"{k} cells")
     kill(proc)
     return rd

@@ -17,6 +17,18 @@ EXE = [True] * len(SOURCES)
 NOTAGS: list[list[str]] = [[] for _ in SOURCES]
 
 
+def _plan(snapshot_after: int | None, unrestored: set[str] = frozenset(), tags=NOTAGS, exe=EXE):
+    """Plan a resume of SOURCES at cell 5."""
+    return plan_resume(
+        start=5,
+        executable=exe,
+        sources=SOURCES,
+        tags=tags,
+        snapshot_after=snapshot_after,
+        unrestored=frozenset(unrestored),
+    )
+
+
 def test_names_bound_and_read() -> None:
     n = cell_names(
         "import a.b as c, d.e\nfrom f import g\nx, y = 1, 2\ndef h(p):\n    q = p\n"
@@ -34,19 +46,12 @@ def test_ipython_syntax_is_understood() -> None:
 
 
 def test_without_a_snapshot_everything_is_replayed() -> None:
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=None)
+    plan = _plan(None)
     assert plan.replay == (0, 1, 2, 3, 4)
 
 
 def test_only_producers_of_unrestored_variables_a_later_cell_reads() -> None:
-    plan = plan_resume(
-        start=5,
-        executable=EXE,
-        sources=SOURCES,
-        tags=NOTAGS,
-        snapshot_after=4,
-        unrestored=frozenset({"fh", "gen", "marker"}),
-    )
+    plan = _plan(4, {"fh", "gen", "marker"})
     # 'marker' is a closed file no later cell reads: cell 3 (expensive) is not replayed.
     assert plan.head == (1, 2) and plan.tail == ()
     assert "fh" in plan.reasons[1] and "gen" in plan.reasons[2]
@@ -55,40 +60,26 @@ def test_only_producers_of_unrestored_variables_a_later_cell_reads() -> None:
 
 
 def test_cells_after_the_snapshot_form_the_tail() -> None:
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=NOTAGS, snapshot_after=2)
+    plan = _plan(2)
     assert plan.head == () and plan.tail == (3, 4)
 
 
 def test_transitive_producers_are_replayed() -> None:
-    plan = plan_resume(
-        start=5,
-        executable=EXE,
-        sources=SOURCES,
-        tags=NOTAGS,
-        snapshot_after=4,
-        unrestored=frozenset({"gen", "data"}),
-    )
+    plan = _plan(4, {"gen", "data"})
     assert plan.head == (1, 2)
 
 
 def test_tags_force_or_forbid_replay() -> None:
     tags = [["spotbook-replay"], ["spotbook-no-replay"], [], [], [], []]
-    plan = plan_resume(
-        start=5,
-        executable=EXE,
-        sources=SOURCES,
-        tags=tags,
-        snapshot_after=4,
-        unrestored=frozenset({"fh"}),
-    )
+    plan = _plan(4, {"fh"}, tags=tags)
     assert plan.head == (0,)
-    plan = plan_resume(start=5, executable=EXE, sources=SOURCES, tags=tags, snapshot_after=None)
+    plan = _plan(None, tags=tags)
     assert 1 not in plan.replay
 
 
 def test_non_executable_cells_are_never_replayed() -> None:
     exe = [True, False, True, True, True, True]
-    plan = plan_resume(start=5, executable=exe, sources=SOURCES, tags=NOTAGS, snapshot_after=None)
+    plan = _plan(None, exe=exe)
     assert 1 not in plan.replay
 
 

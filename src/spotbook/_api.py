@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -162,8 +163,6 @@ def execute_notebook(
 
 
 def _log_output(kind: str, content: dict[str, Any]) -> None:
-    import logging
-
     text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
     if text:
         logging.getLogger("spotbook.output").info(str(text).rstrip("\n"))

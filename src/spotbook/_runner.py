@@ -115,8 +115,8 @@ class Runner:
     def __init__(self, store: RunStore, options: RunnerOptions | None = None) -> None:
         self.store = store
         self.opts = options or RunnerOptions()
-        run = store.require_run()
-        self.spec = RunSpec.from_json(run["spec"])
+        self._run = store.require_run()
+        self.spec = RunSpec.from_json(self._run["spec"])
         raw = store.read("input.ipynb")
         assert raw is not None, "run.json exists without input.ipynb"
         self.nb = nbs.load_frozen(raw)
@@ -556,8 +556,7 @@ class Runner:
 
     def _finish_already_done(self) -> RunResult:
         log.info("run %s has already finished; writing its output again", self.spec.run_id)
-        run = self.store.require_run()
-        self.attempt = int(run.get("attempt", 0))
+        self.attempt = int(self._run.get("attempt", 0))
         self._refresh(force=True, final=True)
         return self._result()
 
