@@ -103,3 +103,26 @@ def work(tmp_path: Path) -> Path:
     for nb in NOTEBOOKS.iterdir():
         (tmp_path / nb.name).write_bytes(nb.read_bytes())
     return tmp_path
+
+
+@pytest.fixture
+def state_env(work: Path) -> dict[str, str]:
+    """Files tests/notebooks/state.ipynb writes: a side log and a run-once marker."""
+    return {"SB_SIDE_FILE": str(work / "side.txt"), "SB_MARKER_FILE": str(work / "marker.txt")}
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """state.ipynb run once per session, uninterrupted, on a local store."""
+    where = tmp_path_factory.mktemp("reference")
+    (where / "state.ipynb").write_bytes((NOTEBOOKS / "state.ipynb").read_bytes())
+    env = {"SB_SIDE_FILE": str(where / "side.txt"), "SB_MARKER_FILE": str(where / "m.txt")}
+    r = cli("run", "state.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=env)
+    assert r.returncode == 0, r.stderr
+    return load(where / "ref.ipynb")
+
+
+def marker_runs(work: Path) -> int:
+    """How many times state.ipynb's run-once cell ran."""
+    path = work / "marker.txt"
+    return len(path.read_text().splitlines()) if path.exists() else 0

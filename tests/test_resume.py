@@ -13,23 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cells_committed, cli, comparable, kill, load, start_cli, wait_for
+from .conftest import (
+    cells_committed,
+    cli,
+    comparable,
+    kill,
+    load,
+    marker_runs,
+    start_cli,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
-
-
-@pytest.fixture
-def state_env(work: Path) -> dict[str, str]:
-    return {"SB_SIDE_FILE": str(work / "side.txt"), "SB_MARKER_FILE": str(work / "marker.txt")}
-
-
-@pytest.fixture
-def reference(work: Path, state_env: dict[str, str]) -> dict:
-    r = cli("run", "state.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work, env=state_env)
-    assert r.returncode == 0, r.stderr
-    (work / "marker.txt").unlink()
-    return load(work / "ref.ipynb")
 
 
 def _start(work: Path, env: dict[str, str], *extra: str):
@@ -44,11 +40,6 @@ def _resume(work: Path, rd: str, env: dict[str, str], *extra: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def _marker_runs(work: Path) -> int:
-    path = work / "marker.txt"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
 @pytest.mark.parametrize("k", [1, 3, 4, 5])
 def test_sigkill_after_cell_k_commits(work: Path, state_env: dict, reference: dict, k: int) -> None:
     rd = _kill_after(work, k, state_env)
@@ -56,7 +47,7 @@ def test_sigkill_after_cell_k_commits(work: Path, state_env: dict, reference: di
     _resume(work, "rd", state_env)
     assert comparable(load(work / "out.ipynb")) == comparable(reference)
     if committed >= 4:  # the marker cell (3) had committed before the kill: never rerun
-        assert _marker_runs(work) == 1
+        assert marker_runs(work) == 1
     doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
     first, second = doc["attempts"]
     assert first["outcome"] == "killed" and second["outcome"] == "completed"
@@ -74,7 +65,7 @@ def test_sigkill_while_a_cell_runs_default_policy(
     _resume(work, "rd", state_env)
     assert comparable(load(work / "out.ipynb")) == comparable(reference)
     # auto policy snapshots after the 1 s marker cell, so it is not replayed
-    assert _marker_runs(work) == 1
+    assert marker_runs(work) == 1
 
 
 def test_random_kill_points(work: Path, state_env: dict, reference: dict) -> None:
@@ -155,7 +146,7 @@ def test_sigterm_saves_and_exits_75_then_resumes(
     assert partial["metadata"]["spotbook"]["final"] is False
     _resume(work, "rd", state_env)
     assert comparable(load(work / "out.ipynb")) == comparable(reference)
-    assert _marker_runs(work) == 1
+    assert marker_runs(work) == 1
 
 
 def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, state_env: dict) -> None:
@@ -267,7 +258,7 @@ def test_unfinished_run_continues_with_the_same_run_command(
     r = cli("run", "state.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=state_env)
     assert r.returncode == 0, r.stderr
     assert comparable(load(work / "out.ipynb")) == comparable(reference)
-    assert _marker_runs(work) == 1
+    assert marker_runs(work) == 1
 
 
 def test_unchanged_arrays_are_not_written_again_but_mutations_are_seen(work: Path) -> None:

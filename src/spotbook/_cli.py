@@ -6,6 +6,7 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -118,6 +119,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="stream text kept per cell in the notebook",
     )
     s.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=Limits().checkpoint_interval,
+        metavar="S",
+        help="object-store runs: sync spotbook.checkpoint_dir() to the store this often",
+    )
+    s.add_argument(
         "--restart", action="store_true", help="discard what --run-dir holds and start over"
     )
     _add_common(p)
@@ -127,9 +135,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--grace",
         type=float,
-        default=Limits().grace,
         metavar="S",
-        help="on SIGTERM, how long the running cell may take to finish",
+        help=f"on SIGTERM, how long the running cell may take to finish (default "
+        f"{Limits().grace:g}, or what the run was started with)",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -152,6 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("run", metavar="RUN", help="run id or run store URL")
     st.add_argument("--json", action="store_true", help="machine-readable")
     sub.add_parser("runs", help="list the runs under ./.spotbook/runs")
+    wk = sub.add_parser(
+        "worker",
+        help="the container entrypoint: run or resume the run in SPOTBOOK_RUN_DIR",
+        description="Run one attempt of a run, as a container does: the run store comes "
+        "from --run-dir or SPOTBOOK_RUN_DIR, or from the classic BUCKET_NAME / "
+        "DOWNLOAD_FILE_PATH / UPLOAD_FILE_PATH variables. Exits with DESIGN.md's codes.",
+    )
+    wk.add_argument("--run-dir", metavar="URL", help="run store (default $SPOTBOOK_RUN_DIR)")
+    wk.add_argument(
+        "--log-output",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("SPOTBOOK_LOG_OUTPUT", "1") not in ("0", "false", ""),
+        help="echo cell output to stderr, for the pod's log (default on)",
+    )
+    wk.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
+    _add_common(wk)
     return parser
 
 
@@ -184,6 +208,7 @@ def _echo_output(kind: str, content: dict[str, Any]) -> None:
 
 def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
     opts = RunnerOptions(
+        grace=args.grace,
         on_output=_echo_output if args.log_output else None,
         on_progress=_Progress(args.progress_bar),
     )
@@ -207,9 +232,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         execution_timeout=args.execution_timeout,
         run_timeout=args.timeout,
         start_timeout=args.start_timeout,
-        grace=args.grace,
+        grace=Limits().grace if args.grace is None else args.grace,
         max_preemptions=args.max_preemptions,
         max_output_bytes=args.max_output_bytes,
+        checkpoint_interval=args.checkpoint_interval,
     )
     store = prepare_run(
         args.input,
@@ -241,6 +267,15 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return _run_runner(store, args)
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from ._worker import open_target, resolve_target
+
+    target = resolve_target(args.run_dir, os.environ)
+    store = open_target(target)
+    print(f"spotbook: worker for {store.url}", file=sys.stderr)
+    return _run_runner(store, args)
+
+
 def _when(ts: float | None) -> str:
     if not ts:
         return "-"
@@ -263,12 +298,35 @@ def _cmd_status(args: argparse.Namespace) -> int:
         extra = ""
         if a.get("replayed") is not None:
             extra = f", restored in {a.get('restore_seconds', 0):.2f} s, replayed {a['replayed']}"
+        place = f"pod {a['pod']}" if a.get("pod") else f"pid {a.get('pid')}"
         print(
             f"  #{a.get('attempt')} {a.get('outcome'):<10} {_when(a.get('started'))} → "
             f"{_when(a.get('ended'))}  from cell {a.get('resumed_from')} "
-            f"on {a.get('host')} pid {a.get('pid')}{extra}"
+            f"on {a.get('node') or a.get('host')} {place}{extra}"
         )
+        for line in _attempt_details(a):
+            print(f"      {line}")
     return 0
+
+
+def _attempt_details(a: dict[str, Any]) -> list[str]:
+    """Image, accelerators and checkpoint traffic of one attempt, when known."""
+    out = []
+    if a.get("image"):
+        out.append(f"image {a['image']}")
+    gpus = a.get("gpus")
+    if gpus:
+        names = ", ".join(f"{g.get('name')} ({g.get('memory.total')} MiB)" for g in gpus)
+        out.append(f"gpus {len(gpus)}: {names}")
+    for name, info in sorted((a.get("frameworks") or {}).items()):
+        seen = info.get("devices") or info.get("error") or "no GPU"
+        out.append(f"{name} {info.get('version', '')} sees {seen}")
+    if a.get("checkpoint_uploaded_bytes") or a.get("checkpoint_restored_bytes"):
+        out.append(
+            f"checkpoint files: {a.get('checkpoint_restored_bytes', 0)} bytes restored, "
+            f"{a.get('checkpoint_uploaded_bytes', 0)} bytes saved"
+        )
+    return out
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
@@ -285,7 +343,13 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _cmd_run, "resume": _cmd_resume, "status": _cmd_status, "runs": _cmd_runs}
+COMMANDS = {
+    "run": _cmd_run,
+    "resume": _cmd_resume,
+    "status": _cmd_status,
+    "runs": _cmd_runs,
+    "worker": _cmd_worker,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -294,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(format="spotbook: %(message)s", stream=sys.stderr)
     logging.getLogger("spotbook").setLevel(level)
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        # against a GCS emulator there are no Google credentials to find; say nothing
+        logging.getLogger("google.auth").setLevel(logging.ERROR)
     try:
         return COMMANDS[args.command](args)
     except SpotbookError as exc:

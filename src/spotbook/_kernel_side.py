@@ -21,6 +21,7 @@ import pickle
 import sys
 import time
 import types
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import cloudpickle
@@ -29,6 +30,9 @@ from ._store import RunStore
 
 _VERIFY_BELOW = 1 << 20  # round-trip small pickles to catch ones that "lie"
 _written: set[str] = set()  # blobs this kernel knows are in the store
+_chunked: dict[str, list[str]] = {}  # whole-pickle sha256 -> its chunks' (object stores)
+_CHUNK = 32 << 20  # object stores: pickles larger than this are stored in chunks
+_UPLOADERS = 8  # object stores: concurrent blob transfers
 # name -> (content fingerprint, manifest entry) of plain buffers in the last snapshot
 _known: dict[str, tuple[str, dict[str, Any]]] = {}
 _SKIP = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
@@ -121,48 +125,80 @@ def state_bytes() -> int:
     return total
 
 
+def _put(store: RunStore, digest: str, data: bytes) -> int:
+    path = store.blob_path(digest)
+    if store.exists(path):
+        return 0
+    store.write(path, data)
+    return len(data)
+
+
 def snapshot(url: str) -> str:
-    """Write every user variable's blob to the store; return the manifest as JSON."""
+    """Write every user variable's blob to the store; return the manifest as JSON.
+
+    On object stores, pickles over ``_CHUNK`` bytes are stored as content-addressed
+    chunks, and blobs are uploaded by a few threads while the next variable is
+    pickled: one stream per object is far below what a bucket takes in parallel.
+    """
     started = time.perf_counter()
     shell = _shell()
     store = RunStore(url)
     entries: dict[str, dict[str, Any]] = {}
     seen: dict[int, str] = {}
     written = 0
-    for name, value in _user_vars(shell).items():
-        if id(value) in seen:
-            entries[name] = {"kind": "alias", "of": seen[id(value)]}
-            continue
-        seen[id(value)] = name
-        if isinstance(value, types.ModuleType):
-            entries[name] = {"kind": "module", "module": value.__name__}
-            continue
-        fingerprint = _fingerprint(value)
-        known = _known.get(name)
-        if fingerprint and known and known[0] == fingerprint and known[1]["sha256"] in _written:
-            entries[name] = known[1]
-            continue
-        try:
-            data = _dumps(value, shell.user_global_ns)
-            if len(data) < _VERIFY_BELOW:
-                cloudpickle.loads(data)
-        except Exception as exc:  # pickling can raise anything; the variable is replayed
-            entries[name] = {
-                "kind": "unserialisable",
-                "type": type(value).__qualname__,
-                "error": f"{type(exc).__name__}: {exc}"[:300],
-            }
-            continue
-        digest = hashlib.sha256(data).hexdigest()
-        if digest not in _written:
-            path = store.blob_path(digest)
-            if not store.exists(path):
-                store.write(path, data)
-                written += len(data)
-            _written.add(digest)
-        entries[name] = {"kind": "blob", "sha256": digest, "size": len(data)}
-        if fingerprint:
-            _known[name] = (fingerprint, entries[name])
+    pool = None if store.local else ThreadPoolExecutor(_UPLOADERS)
+    pending: list[Future[int]] = []
+    new: list[str] = []
+    try:
+        for name, value in _user_vars(shell).items():
+            if id(value) in seen:
+                entries[name] = {"kind": "alias", "of": seen[id(value)]}
+                continue
+            seen[id(value)] = name
+            if isinstance(value, types.ModuleType):
+                entries[name] = {"kind": "module", "module": value.__name__}
+                continue
+            fingerprint = _fingerprint(value)
+            known = _known.get(name)
+            if fingerprint and known and known[0] == fingerprint and known[1]["sha256"] in _written:
+                entries[name] = known[1]
+                continue
+            try:
+                data = _dumps(value, shell.user_global_ns)
+                if len(data) < _VERIFY_BELOW:
+                    cloudpickle.loads(data)
+            except Exception as exc:  # pickling can raise anything; the variable is replayed
+                entries[name] = {
+                    "kind": "unserialisable",
+                    "type": type(value).__qualname__,
+                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                }
+                continue
+            digest = hashlib.sha256(data).hexdigest()
+            entry: dict[str, Any] = {"kind": "blob", "sha256": digest, "size": len(data)}
+            if digest in _chunked:
+                entry["chunks"] = _chunked[digest]
+            elif digest not in _written:
+                new.append(digest)
+                if pool is None:
+                    written += _put(store, digest, data)
+                elif len(data) > _CHUNK:
+                    chunks = []
+                    for offset in range(0, len(data), _CHUNK):
+                        piece = data[offset : offset + _CHUNK]
+                        chunks.append(hashlib.sha256(piece).hexdigest())
+                        pending.append(pool.submit(_put, store, chunks[-1], piece))
+                    entry["chunks"] = _chunked[digest] = chunks
+                else:
+                    pending.append(pool.submit(_put, store, digest, data))
+            entries[name] = entry
+            if fingerprint:
+                _known[name] = (fingerprint, entry)
+        written += sum(f.result() for f in pending)  # an upload that failed raises here
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    _written.update(new)
     return json.dumps(
         {
             "vars": entries,
@@ -192,6 +228,29 @@ def restore(url: str, manifest_json: str, key: str, only: list[str] | None = Non
     failed: dict[str, str] = {}
     loaded = 0
     wanted = set(only) if only is not None else set(variables)
+    # Fetch every blob (or chunk) up front, several at a time on object stores;
+    # unpickle one by one as they arrive.
+    pool = ThreadPoolExecutor(1 if store.local else _UPLOADERS)
+    fetches: dict[str, list[Future[bytes | None]]] = {}
+    for name, entry in variables.items():
+        if name in wanted and entry["kind"] == "blob":
+            parts = entry.get("chunks") or [entry["sha256"]]
+            fetches[name] = [pool.submit(store.read, store.blob_path(d)) for d in parts]
+    try:
+        return _restore_into(ns, variables, wanted, fetches, failed, started, loaded)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _restore_into(
+    ns: dict[str, Any],
+    variables: dict[str, Any],
+    wanted: set[str],
+    fetches: dict[str, list[Future[bytes | None]]],
+    failed: dict[str, str],
+    started: float,
+    loaded: int,
+) -> str:
     for name, entry in variables.items():
         if name not in wanted or entry["kind"] == "alias":
             continue
@@ -199,15 +258,19 @@ def restore(url: str, manifest_json: str, key: str, only: list[str] | None = Non
             if entry["kind"] == "module":
                 ns[name] = importlib.import_module(entry["module"])
             elif entry["kind"] == "blob":
-                data = store.read(store.blob_path(entry["sha256"]))
-                if data is None:
+                parts = [f.result() for f in fetches[name]]
+                present = [p for p in parts if p is not None]
+                if len(present) < len(parts):
                     failed[name] = "blob missing from the run store"
                     continue
+                data = present[0] if len(present) == 1 else b"".join(present)
                 if hashlib.sha256(data).hexdigest() != entry["sha256"]:
                     return json.dumps({"integrity": f"blob of {name!r} does not match its hash"})
                 ns[name] = pickle.loads(data)
                 loaded += len(data)
                 _written.add(entry["sha256"])
+                if "chunks" in entry:
+                    _chunked[entry["sha256"]] = entry["chunks"]
             else:
                 failed[name] = entry.get("error", "not serialisable")
         except Exception as exc:  # a pickle that "lies": replay the cells that made it
@@ -224,3 +287,44 @@ def restore(url: str, manifest_json: str, key: str, only: list[str] | None = Non
 def set_execution_count(n: int) -> None:
     """Continue the kernel's In[] numbering where the interrupted run left off."""
     _shell().execution_count = n
+
+
+def accelerators() -> str:
+    """Devices the notebook's ML frameworks see, for those it has imported.
+
+    Only frameworks already in ``sys.modules`` are asked: importing one just to look
+    would cost seconds and, for some, GPU memory the notebook wanted.
+    """
+    found: dict[str, Any] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            cuda = torch.cuda.is_available()
+            found["torch"] = {
+                "version": str(torch.__version__),
+                "cuda": bool(cuda),
+                "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                if cuda
+                else [],
+            }
+        except Exception as exc:  # a broken CUDA setup must not fail the run
+            found["torch"] = {"error": str(exc)}
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and hasattr(tf, "config"):
+        try:
+            found["tensorflow"] = {
+                "version": str(tf.__version__),
+                "devices": [d.name for d in tf.config.list_physical_devices("GPU")],
+            }
+        except Exception as exc:
+            found["tensorflow"] = {"error": str(exc)}
+    jax = sys.modules.get("jax")
+    if jax is not None and hasattr(jax, "devices"):
+        try:
+            found["jax"] = {
+                "version": str(jax.__version__),
+                "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
+            }
+        except Exception as exc:
+            found["jax"] = {"error": str(exc)}
+    return json.dumps(found)

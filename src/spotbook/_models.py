@@ -98,6 +98,7 @@ class Limits:
     grace: float = 8.0
     max_preemptions: int | None = None
     max_output_bytes: int = 8 * 1024 * 1024
+    checkpoint_interval: float = 60.0  # object stores: sync checkpoint_dir() this often
 
     def __post_init__(self) -> None:
         for name in ("execution_timeout", "run_timeout"):
@@ -112,6 +113,8 @@ class Limits:
             raise UsageError("--max-preemptions must be zero or more")
         if self.max_output_bytes <= 0:
             raise UsageError("--max-output-bytes must be positive")
+        if self.checkpoint_interval <= 0:
+            raise UsageError("--checkpoint-interval must be a positive number of seconds")
 
 
 @dataclass(frozen=True)

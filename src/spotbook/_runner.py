@@ -16,8 +16,8 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
-import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import _notebook as nbs
+from ._checkpoints import CheckpointDir
+from ._environment import nvidia_gpus, where
 from ._errors import (
     CellExecutionError,
     CellTimeoutError,
@@ -32,8 +34,10 @@ from ._errors import (
     PreemptionBudgetError,
     RunTimeoutError,
     SnapshotIntegrityError,
+    StorageError,
     SupersededError,
     Terminated,
+    UsageError,
 )
 from ._executor import CellResult, KernelDied, KernelSession, kernel_env, python_transform
 from ._kernel_side import sign
@@ -59,6 +63,7 @@ class RunnerOptions:
     on_progress: Callable[[int, int], None] | None = None
     clock: Clock = time.time
     handle_signals: bool = True
+    grace: float | None = None  # overrides the run's --grace for this attempt
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,8 @@ class _Notice:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # the kernel creates this when spotbook.preempted() first returns True
+        self.seen_path = path + ".seen"
         self.event = asyncio.Event()
         # one future for the whole attempt: racing each cell against it costs nothing
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -134,6 +141,12 @@ class Runner:
         self._deadline: float | None = None
         self._notice: _Notice | None = None
         self._blob_bytes = 0  # written by the kernel, reported in snapshot manifests
+        self._grace = self.spec.limits.grace if self.opts.grace is None else self.opts.grace
+        if self._grace < 0:
+            raise UsageError("--grace must be zero or more seconds")
+        self._files: CheckpointDir | None = None  # object stores: the synced checkpoint dir
+        self._files_task: asyncio.Future[None] | None = None
+        self._early_sync: asyncio.Future[None] | None = None
 
     # -- entry ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -158,9 +171,12 @@ class Runner:
             if self.session is not None:
                 await self.session.shutdown()
             self.store.close()
+            for path in (self._notice.path, self._notice.seen_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            if self._files is not None:
+                shutil.rmtree(self._files.local, ignore_errors=True)
             with contextlib.suppress(OSError):
-                if os.path.exists(self._notice.path):
-                    os.unlink(self._notice.path)
                 os.rmdir(tmp)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
@@ -177,7 +193,12 @@ class Runner:
 
     def _notice_fire(self, signame: str) -> None:
         assert self._notice is not None
+        first = not self._notice.event.is_set()
         self._notice.fire(signame)
+        if first and self._files is not None:
+            # Upload the checkpoint directory now, while the cell uses its grace: the
+            # sync after the cell then only sends what the cell saved since.
+            self._early_sync = asyncio.ensure_future(self._sync_files_quietly())
 
     # -- attempt bookkeeping ----------------------------------------------------
     def _check_budget(self) -> None:
@@ -199,14 +220,14 @@ class Runner:
 
     def _claim(self, start: int) -> None:
         self.attempt_rec = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-            "node": os.environ.get("NODE_NAME"),
+            **where(),
             "started": self.opts.clock(),
             "resumed_from": start,
             "outcome": Outcome.RUNNING.value,
         }
+        gpus = nvidia_gpus()
+        if gpus is not None:
+            self.attempt_rec["gpus"] = gpus
         self.attempt = self.store.claim_attempt(self.attempt_rec)
         self.attempt_rec["attempt"] = self.attempt
         self._set_status(RunStatus.RUNNING)
@@ -254,9 +275,15 @@ class Runner:
         if limits.run_timeout is not None:
             budget = limits.run_timeout - self._elapsed_before()
             self._deadline = time.monotonic() + max(budget, 0.0)
-        # Local stores hold the checkpoint directory itself, so it survives a kill.
+        # Local stores hold the checkpoint directory itself, so it survives a kill;
+        # object stores get a local directory that is synced (see _checkpoints).
         checkpoint = self.store.path("files") if self.store.local else os.path.join(tmp, "files")
         os.makedirs(checkpoint, exist_ok=True)
+        files_restored: asyncio.Future[int] | None = None
+        if not self.store.local:
+            self._files = CheckpointDir(self.store, checkpoint, self.attempt)
+            # fetched while the kernel starts; the first cell waits for it
+            files_restored = asyncio.ensure_future(asyncio.to_thread(self._files.restore))
         env = kernel_env(
             {
                 "SPOTBOOK_RUN_DIR": self.store.url,
@@ -277,6 +304,10 @@ class Runner:
             started = time.monotonic()
             await self._race(self.session.start(), grace=0.0, index=start)
             self.attempt_rec["kernel_start_seconds"] = round(time.monotonic() - started, 3)
+            if files_restored is not None:
+                self.attempt_rec["checkpoint_restored_bytes"] = await files_restored
+                self.attempt_rec["checkpoint_ready_seconds"] = round(time.monotonic() - started, 3)
+                self._files_task = asyncio.ensure_future(self._sync_files_periodically())
             self.nb.metadata["language_info"] = self.session.language_info
             _complete_kernelspec(self.nb, self.spec.kernel_name, self.session.language_info)
             for index, rec in self.records.items():
@@ -287,6 +318,7 @@ class Runner:
             self._refresh(force=True, running=start)
             await self._run_cells(start)
         except Terminated:
+            await self._final_files_sync()
             self._end_attempt(Outcome.PREEMPTED, stopped_at=self._next_unfinished())
             self._refresh(force=True, to_output=True)
             self._set_status(RunStatus.INTERRUPTED, f"stopped on {self._notice.signame}")
@@ -295,24 +327,79 @@ class Runner:
             self._end_attempt(Outcome.SUPERSEDED)
             raise
         except (CellExecutionError, KernelDiedError) as exc:
+            await self._wrap_up(probe=isinstance(exc, CellExecutionError))
             self._end_attempt(Outcome.FAILED, error=str(exc))
             self._refresh(force=True, final=True)
             self._set_status(RunStatus.FAILED, str(exc))
             raise
         except (CellTimeoutError, RunTimeoutError) as exc:
+            await self._wrap_up(probe=False)
             self._end_attempt(Outcome.TIMED_OUT, error=str(exc))
             self._refresh(force=True, final=True)
             self._set_status(RunStatus.FAILED, str(exc))
             raise
         except BaseException as exc:
+            if self._files_task is not None:
+                self._files_task.cancel()
             with contextlib.suppress(Exception):
                 self._end_attempt(Outcome.STORAGE_ERROR, error=str(exc))
                 self._set_status(RunStatus.INTERRUPTED, str(exc))
             raise
+        await self._wrap_up(probe=True)
         self._end_attempt(Outcome.COMPLETED)
         self._refresh(force=True, final=True)
         self._set_status(RunStatus.SUCCEEDED)
         return self._result(plan.replay if plan else ())
+
+    async def _wrap_up(self, *, probe: bool) -> None:
+        """End of an attempt that was not stopped: what the kernel saw, last file sync."""
+        if probe and self.session is not None:
+            expr = f"{_KERNEL_MODULE}.accelerators()"
+            with contextlib.suppress(Exception):
+                found = json.loads(await asyncio.wait_for(self.session.evaluate(expr), 5.0))
+                if found:
+                    self.attempt_rec["frameworks"] = found
+        await self._final_files_sync()
+
+    # -- checkpoint directory (object stores) ------------------------------------------
+    async def _sync_files(self) -> None:
+        assert self._files is not None
+        self._fence()
+        result = await asyncio.to_thread(self._files.sync)
+        rec = self.attempt_rec
+        rec["checkpoint_syncs"] = rec.get("checkpoint_syncs", 0) + 1
+        rec["checkpoint_uploaded_bytes"] = (
+            rec.get("checkpoint_uploaded_bytes", 0) + result.uploaded_bytes
+        )
+        rec["checkpoint_files"] = result.files
+        rec["checkpoint_last_sync_seconds"] = round(result.seconds, 3)
+
+    async def _sync_files_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.spec.limits.checkpoint_interval)
+            await self._sync_files_quietly()
+
+    async def _sync_files_quietly(self) -> None:
+        try:
+            await self._sync_files()
+        except SupersededError:
+            pass  # the next commit stops the attempt
+        except StorageError as exc:
+            log.warning("checkpoint directory sync failed (%s); trying again later", exc)
+
+    async def _final_files_sync(self) -> None:
+        if self._files is None:
+            return
+        if self._files_task is not None:
+            self._files_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._files_task
+        if self._early_sync is not None:
+            await self._early_sync
+        try:
+            await self._sync_files()
+        except (SupersededError, StorageError) as exc:
+            log.error("could not save the checkpoint directory: %s", exc)
 
     def _result(self, replayed: tuple[int, ...] = ()) -> RunResult:
         return RunResult(
@@ -388,7 +475,7 @@ class Runner:
             try:
                 result = await self._race(
                     self.session.run_cell(cell, index),
-                    grace=limits.grace,
+                    grace=self._grace,
                     index=index,
                     cell_timeout=limits.execution_timeout,
                 )
@@ -403,6 +490,11 @@ class Runner:
             except RunTimeoutError:
                 self._commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
                 raise
+            if self._notice.event.is_set() and os.path.exists(self._notice.seen_path):
+                # The cell saw spotbook.preempted() and stopped early: it is not finished.
+                # It runs again on resume, where it picks up from its checkpoint files.
+                log.info("cell %d stopped on the notice; it continues on resume", index)
+                raise Terminated(self._notice.signame, self._resume_hint())
             duration = time.monotonic() - m0
             status = "completed"
             if result.error and not result.allowed_error:
@@ -566,9 +658,7 @@ class Runner:
         m0 = time.monotonic()
         expr = f"{_KERNEL_MODULE}.snapshot({self.store.url!r})"
         try:
-            raw = await self._race(
-                self.session.evaluate(expr), grace=self.spec.limits.grace, index=index
-            )
+            raw = await self._race(self.session.evaluate(expr), grace=self._grace, index=index)
         except RuntimeError as exc:
             self._snap_enabled = False
             log.warning(

@@ -71,7 +71,11 @@ def describe(store: RunStore) -> dict[str, Any]:
                     "host",
                     "pid",
                     "pod",
+                    "namespace",
                     "node",
+                    "image",
+                    "gpus",
+                    "frameworks",
                     "started",
                     "ended",
                     "outcome",
@@ -83,6 +87,9 @@ def describe(store: RunStore) -> dict[str, Any]:
                     "kernel_start_seconds",
                     "restore_seconds",
                     "redone_seconds",
+                    "checkpoint_restored_bytes",
+                    "checkpoint_uploaded_bytes",
+                    "checkpoint_files",
                     "error",
                 )
                 if a.get(k) is not None

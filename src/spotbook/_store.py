@@ -11,7 +11,13 @@ Layout under the run's URL::
     attempts/MMMM.json       one record per attempt, created exclusively (the fence)
     state/blobs/SHA256       content-addressed pickles of kernel variables
     state/snap/NNNNN-aMMMM.json   snapshot manifest taken after cell NNNNN
-    files/                   the notebook's checkpoint directory
+    files/                   the notebook's checkpoint directory (local stores)
+    files/aMMMM-SSSSSS.json  object stores: checkpoint-directory manifest number SSSSSS of
+                             attempt MMMM (path -> blob in state/blobs), the newest wins
+
+On object stores every request is retried on transient faults (5xx, throttling,
+timeouts, resets) with backoff, and the fence is the store's own conditional write
+(S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``).
 
 Every write is "new object, then pointer": records are new objects whose names
 carry the attempt; a record of attempt A counts only for cells before the point
@@ -26,13 +32,14 @@ import itertools
 import json
 import logging
 import os
+import random
 import re
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -40,11 +47,59 @@ from fsspec.implementations.local import LocalFileSystem
 from ._errors import InputNotFoundError, RunNotFoundError, StorageError, UsageError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LOCAL_RUNS = os.path.join(".spotbook", "runs")
 _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
 _JSONL_RE = re.compile(r"^a(\d{4})\.jsonl$")
+_FILES_RE = re.compile(r"^a(\d{4})-(\d{6})\.json$")
+
+# Transient faults on object stores: how often and how long to retry a request.
+RETRY_TRIES = 8
+RETRY_FIRST = 0.2  # seconds before the first retry; doubles, with jitter
+RETRY_MAX_SLEEP = 5.0
+# Errors retrying cannot fix: the answer would be the same.
+_PERMANENT = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+)
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, _PERMANENT):
+        return False
+    # OSError covers the backends' translated 5xx/throttling errors, socket resets and
+    # timeouts; the HTTP client libraries also raise their own non-OSError classes.
+    module = type(exc).__module__.split(".")[0]
+    return isinstance(exc, OSError) or module in ("aiohttp", "botocore", "aiobotocore", "gcsfs")
+
+
+def with_retries(op: Callable[[], T], what: str, tries: int = RETRY_TRIES) -> T:
+    """Run ``op``, retrying transient storage faults with exponential backoff."""
+    delay = RETRY_FIRST
+    for attempt in range(1, tries + 1):
+        try:
+            return op()
+        except Exception as exc:
+            if attempt == tries or not _transient(exc):
+                raise
+            log.warning(
+                "%s failed (%s: %s); retry %d in %.1f s",
+                what,
+                type(exc).__name__,
+                exc,
+                attempt,
+                delay,
+            )
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, RETRY_MAX_SLEEP)
+    raise AssertionError("unreachable")
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -67,7 +122,12 @@ def resolve_run(run: str, base: str = ".") -> str:
 
 def _fs(url: str) -> tuple[Any, str]:
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        options = {}
+        if is_url(url) and not url.startswith(("file://", "local://")):
+            # Another attempt may write at any time: a cached listing would hide its
+            # records and its fence, so object stores are always asked afresh.
+            options["use_listings_cache"] = False
+        fs, path = fsspec.core.url_to_fs(url, **options)
         return fs, str(path)
     except (ImportError, ValueError) as exc:
         raise UsageError(
@@ -80,14 +140,18 @@ def read_url(url: str) -> bytes:
     """Bytes of an input path or URL."""
     fs, path = _fs(url)
     try:
-        with fs.open(path, "rb") as fh:
-            data: bytes = fh.read()
-            return data
+        if isinstance(fs, LocalFileSystem):
+            with fs.open(path, "rb") as fh:
+                data: bytes = fh.read()
+                return data
+        return with_retries(lambda: bytes(fs.cat_file(path)), f"read {url}")
     except FileNotFoundError as exc:
         raise InputNotFoundError(f"{url!r} does not exist; check the path or URL") from exc
     except IsADirectoryError as exc:
         raise InputNotFoundError(f"{url!r} is a directory, not a notebook file") from exc
-    except OSError as exc:
+    except Exception as exc:
+        if not (isinstance(exc, OSError) or _transient(exc)):
+            raise
         raise StorageError(f"cannot read {url!r}: {exc}") from exc
 
 
@@ -98,8 +162,10 @@ def write_url(url: str, data: bytes) -> None:
         if isinstance(fs, LocalFileSystem):
             _atomic_local(path, data)
         else:
-            fs.pipe_file(path, data)
-    except OSError as exc:
+            with_retries(lambda: fs.pipe_file(path, data), f"write {url}")
+    except Exception as exc:
+        if not (isinstance(exc, OSError) or _transient(exc)):
+            raise
         raise StorageError(
             f"cannot write {url!r}: {exc}; choose a writable output location"
         ) from exc
@@ -176,30 +242,58 @@ class RunStore:
     def _translate(self, what: str) -> Iterator[None]:
         try:
             yield
-        except FileExistsError:
+        except (FileExistsError, FileNotFoundError):
             raise
-        except OSError as exc:
-            raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
+        except PermissionError as exc:
+            raise StorageError(
+                f"run store {self.url}: cannot {what}: permission denied ({exc}); check the "
+                "credentials in this environment (workload identity, AWS_*/GOOGLE_* variables "
+                "or credential files) can read and write that location"
+            ) from exc
+        except Exception as exc:
+            if isinstance(exc, OSError) or _transient(exc):
+                raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
+            raise
+
+    def _do(self, op: Callable[[], T], what: str) -> T:
+        """One storage operation: retried on object stores, errors made StorageError."""
+        with self._translate(what):
+            return op() if self.local else with_retries(op, f"{self.url}: {what}")
+
+    def _do_write(self, op: Callable[[], T], what: str) -> T:
+        """A write: "not found" here means the bucket (or container) is missing."""
+        try:
+            return self._do(op, what)
+        except FileNotFoundError as exc:
+            raise StorageError(
+                f"run store {self.url}: cannot {what}: the bucket does not exist or is not "
+                f"visible with these credentials ({exc}); create it or choose another --run-dir"
+            ) from exc
 
     def write(self, rel: str, data: bytes) -> None:
         """Atomically replace ``rel`` (new object, then rename where that exists)."""
-        with self._translate(f"write {rel}"):
-            path = self.path(rel)
-            if self.local:
+        path = self.path(rel)
+        if self.local:
+            with self._translate(f"write {rel}"):
                 try:
                     _atomic_local(path, data)
                 except FileNotFoundError:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     _atomic_local(path, data)
-            else:
-                self.fs.pipe_file(path, data)
+        else:
+            self._do_write(lambda: self.fs.pipe_file(path, data), f"write {rel}")
         self.bytes_written += len(data)
 
     def create(self, rel: str, data: bytes) -> bool:
-        """Write ``rel`` only if it does not exist; False if it did (the fence)."""
+        """Write ``rel`` only if it does not exist; False if it did (the fence).
+
+        Object stores use their conditional write, so two writers racing for the same
+        name cannot both win. A retried request whose first try did land finds its own
+        bytes there, which counts as created; so ``data`` must be unique to the caller.
+        """
         path = self.path(rel)
-        with self._translate(f"create {rel}"):
-            if self.local:
+        if self.local:
+            with self._translate(f"create {rel}"):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 try:
                     # Link a complete temp file into place: exclusive and never half-written.
@@ -212,44 +306,61 @@ class RunStore:
                         os.unlink(tmp)
                 except FileExistsError:
                     return False
-            else:
-                if self.fs.exists(path):
+        else:
+            try:
+                self._do_write(
+                    lambda: self.fs.pipe_file(path, data, mode="create"), f"create {rel}"
+                )
+            except FileExistsError:
+                # A retried request (ours, or the client library's own) whose first try
+                # landed finds its own bytes: that is a win. Callers make data unique.
+                if self.read(rel) != data:
                     return False
-                self.fs.pipe_file(path, data)
+                log.debug("create %s: an earlier try of this request landed", rel)
         self.bytes_written += len(data)
         return True
 
     def read(self, rel: str) -> bytes | None:
         """Bytes of ``rel``, or None if it does not exist."""
         path = self.path(rel)
-        with self._translate(f"read {rel}"):
-            try:
-                if self.local:
-                    with open(path, "rb") as fh:
-                        return fh.read()
-                data: bytes = self.fs.cat_file(path)
-                return data
-            except FileNotFoundError:
-                return None
+        try:
+            if self.local:
+                with self._translate(f"read {rel}"), open(path, "rb") as fh:
+                    return fh.read()
+            data: bytes = self._do(lambda: self.fs.cat_file(path), f"read {rel}")
+            return data
+        except FileNotFoundError:
+            return None
 
     def exists(self, rel: str) -> bool:
-        with self._translate(f"look up {rel}"):
-            if self.local:
-                return os.path.exists(self.path(rel))
-            return bool(self.fs.exists(self.path(rel)))
+        path = self.path(rel)
+        if self.local:
+            return os.path.exists(path)
+        return bool(self._do(lambda: self.fs.exists(path), f"look up {rel}"))
 
     def names(self, rel_dir: str) -> list[str]:
         """File names directly under ``rel_dir`` (empty if it does not exist)."""
         path = self.path(rel_dir)
-        with self._translate(f"list {rel_dir}"):
-            try:
-                if self.local:
+        try:
+            if self.local:
+                with self._translate(f"list {rel_dir}"):
                     return sorted(n for n in os.listdir(path) if ".tmp-" not in n)
-                return sorted(
-                    p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, detail=False)
-                )
-            except FileNotFoundError:
-                return []
+            # listings must be fresh: another attempt may have written since
+            found = self._do(lambda: self.fs.ls(path, detail=False), f"list {rel_dir}")
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+        except FileNotFoundError:
+            return []
+
+    def put_file(self, local: str, rel: str) -> int:
+        """Upload a local file to ``rel`` (streamed); returns its size."""
+        size = os.path.getsize(local)
+        self._do_write(lambda: self.fs.put_file(local, self.path(rel)), f"upload {rel}")
+        self.bytes_written += size
+        return size
+
+    def get_file(self, rel: str, local: str) -> None:
+        """Download ``rel`` to a local file (streamed)."""
+        self._do(lambda: self.fs.get_file(self.path(rel), local), f"download {rel}")
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write(rel, json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
@@ -300,10 +411,11 @@ class RunStore:
 
     def claim_attempt(self, record: dict[str, Any]) -> int:
         """Create the next attempt record exclusively; returns its number."""
+        claim = secrets.token_hex(8)  # makes the record unique to this caller (see create)
         while True:
             numbers = self.attempt_numbers()
             n = (numbers[-1] if numbers else 0) + 1
-            record = {**record, "attempt": n}
+            record = {**record, "attempt": n, "claim": claim}
             if self.create(f"attempts/{n:04d}.json", json.dumps(record).encode()):
                 return n
             log.debug("attempt %d was claimed by another runner; trying the next", n)
@@ -412,3 +524,17 @@ class RunStore:
 
     def snapshot_keys(self) -> dict[int, CellKey]:
         return self.valid_keys(self.names("state/snap"))
+
+    # -- checkpoint directory (object stores) --------------------------------------
+    def files_manifest(self) -> dict[str, Any] | None:
+        """The newest checkpoint-directory manifest (highest attempt, then sequence)."""
+        best: tuple[int, int] | None = None
+        for name in self.names("files"):
+            m = _FILES_RE.match(name)
+            if m:
+                key = (int(m.group(1)), int(m.group(2)))
+                best = key if best is None or key > best else best
+        if best is None:
+            return None
+        doc = self.read_json(f"files/a{best[0]:04d}-{best[1]:06d}.json")
+        return doc if isinstance(doc, dict) else None

@@ -1,0 +1,53 @@
+"""Where an attempt runs: host, pod and node (Kubernetes downward API), image, GPUs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import socket
+import subprocess
+from typing import Any
+
+# Environment variables the Job manifest sets from the downward API (and the image).
+POD_ENV = {
+    "pod": "POD_NAME",
+    "namespace": "POD_NAMESPACE",
+    "node": "NODE_NAME",
+    "image": "SPOTBOOK_IMAGE",
+}
+_GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "uuid")
+
+
+def where() -> dict[str, Any]:
+    """Host, pid and the Kubernetes placement, as far as the environment tells."""
+    out: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    for key, var in POD_ENV.items():
+        value = os.environ.get(var)
+        if value:
+            out[key] = value
+    if "pod" not in out and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        out["pod"] = socket.gethostname()  # a pod's hostname is its name
+    return out
+
+
+def nvidia_gpus(timeout: float = 10.0) -> list[dict[str, str]] | None:
+    """GPUs as ``nvidia-smi`` lists them; None when it is not installed or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, f"--query-gpu={','.join(_GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    rows = csv.reader(io.StringIO(proc.stdout), skipinitialspace=True)
+    return [dict(zip(_GPU_FIELDS, row, strict=False)) for row in rows if row]

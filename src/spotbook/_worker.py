@@ -1,0 +1,87 @@
+"""``spotbook worker``: the command a container image runs.
+
+Configured by environment variables (the Job sets them) or arguments:
+
+``SPOTBOOK_RUN_DIR``
+    The run store that ``spotbook submit`` froze the notebook into. Every start of
+    the container is one attempt: it runs the run, or resumes it after the last
+    committed cell, and exits with the codes of DESIGN.md.
+
+``BUCKET_NAME``, ``DOWNLOAD_FILE_PATH``, ``UPLOAD_FILE_PATH``
+    The classic recipe's variables: fetch the notebook at that path of the bucket,
+    run it, upload the executed notebook to that path. ``BUCKET_NAME`` is a bucket
+    name (``gs://`` unless ``SPOTBOOK_STORAGE_SCHEME`` says ``s3``/``az``) or a URL.
+    The run store is ``SPOTBOOK_RUN_DIR`` if set, else
+    ``<bucket>/.spotbook/runs/<SPOTBOOK_RUN_ID or a name derived from the paths>``,
+    so a restarted pod finds the same run and resumes it. A different notebook at
+    the download path starts the run over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ._api import prepare_run
+from ._errors import InputChangedError, UsageError
+from ._store import RunStore
+
+log = logging.getLogger(__name__)
+
+CLASSIC_VARS = ("BUCKET_NAME", "DOWNLOAD_FILE_PATH", "UPLOAD_FILE_PATH")
+
+
+@dataclass(frozen=True)
+class WorkerTarget:
+    run_dir: str
+    input_url: str | None = None  # classic mode: the notebook in the bucket
+    output_url: str | None = None
+
+
+def resolve_target(run_dir: str | None, env: Mapping[str, str]) -> WorkerTarget:
+    """Where the worker's run is, from its arguments and environment."""
+    run_dir = run_dir or env.get("SPOTBOOK_RUN_DIR") or None
+    bucket = env.get("BUCKET_NAME")
+    download = env.get("DOWNLOAD_FILE_PATH")
+    if not bucket and not download:
+        if not run_dir:
+            raise UsageError(
+                "spotbook worker needs SPOTBOOK_RUN_DIR (or --run-dir): the run store "
+                "`spotbook submit` created; or BUCKET_NAME and DOWNLOAD_FILE_PATH (and "
+                "UPLOAD_FILE_PATH) to run a notebook from a bucket"
+            )
+        return WorkerTarget(run_dir=run_dir)
+    if not bucket or not download:
+        missing = "BUCKET_NAME" if not bucket else "DOWNLOAD_FILE_PATH"
+        raise UsageError(f"{missing} is not set; the classic variables need both")
+    if "://" in bucket:
+        base = bucket.rstrip("/")
+    else:
+        scheme = env.get("SPOTBOOK_STORAGE_SCHEME", "gs")
+        base = f"{scheme}://{bucket.strip('/')}"
+    input_url = f"{base}/{download.lstrip('/')}"
+    upload = env.get("UPLOAD_FILE_PATH")
+    output_url = f"{base}/{upload.lstrip('/')}" if upload else None
+    if not run_dir:
+        run_id = env.get("SPOTBOOK_RUN_ID") or (
+            "job-" + hashlib.sha256(f"{input_url}\0{output_url}".encode()).hexdigest()[:12]
+        )
+        run_dir = f"{base}/.spotbook/runs/{run_id}"
+    return WorkerTarget(run_dir=run_dir, input_url=input_url, output_url=output_url)
+
+
+def open_target(target: WorkerTarget) -> RunStore:
+    """The run store to run, created from the bucket's notebook in classic mode."""
+    if target.input_url is None:
+        store = RunStore(target.run_dir)
+        store.require_run()
+        return store
+    try:
+        return prepare_run(target.input_url, target.output_url, run_dir=target.run_dir)
+    except InputChangedError:
+        log.info("a different notebook is at %s: starting its run over", target.input_url)
+        return prepare_run(
+            target.input_url, target.output_url, run_dir=target.run_dir, restart=True
+        )

