@@ -168,3 +168,81 @@ def start_gcs(tmp: Path, rates: dict[str, float]) -> Storage:
         stats,
         [server, proxy],
     )
+
+
+class FakeKube:
+    """tests/fakekube.py as a process, a kubeconfig pointing at it, and its controls."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.proc = _start(
+            [sys.executable, str(HERE / "fakekube.py"), str(self.port)],
+            self.port,
+            "fake Kubernetes API server",
+            tmp / "fakekube.log",
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.kubeconfig = tmp / "kubeconfig"
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": "t0ken"}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "tester"}},
+                        {
+                            "name": "fake-ml",
+                            "context": {"cluster": "fake", "user": "tester", "namespace": "ml"},
+                        },
+                    ],
+                    "current-context": "fake",
+                }
+            )
+        )
+        self.env = {"KUBECONFIG": str(self.kubeconfig)}
+
+    def control(self, what: str, body: Any = None) -> Any:
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"{self.url}/_fake/{what}",
+            data=data,
+            method="POST" if body is not None else "GET",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def state(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.control("state")
+        return data
+
+    def objects(self, kind: str) -> list[dict[str, Any]]:
+        return [o for k, o in self.state()["objects"].items() if k.startswith(f"{kind}/")]
+
+    def put(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        data: dict[str, Any] = self.control("put", {"kind": kind, "object": obj})
+        return data
+
+    def set_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.control(
+            "status", {"kind": kind, "namespace": namespace, "name": name, "status": status}
+        )
+
+    def log(self, namespace: str, pod: str, *lines: str) -> None:
+        self.control("log", {"namespace": namespace, "pod": pod, "lines": list(lines)})
+
+    def fault(self, method: str, path: str, status: int, times: int = 1, **extra: Any) -> None:
+        self.control(
+            "fault", {"method": method, "path": path, "status": status, "times": times, **extra}
+        )
+
+    def expire_watches(self) -> None:
+        self.control("expire", {})
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)

@@ -19,29 +19,41 @@ from ._errors import (
     CellError,
     ExecutionTimeoutError,
     PreemptionBudgetError,
+    RunNotFoundError,
     SnapshotIntegrityError,
     SpotbookError,
     StorageError,
     Terminated,
     UsageError,
 )
-from ._models import Limits, SnapshotPolicy
+from ._job_manifest import ANNOTATION_RUN_DIR
+from ._jobs import CANCELLED, JOB_RECORD
+from ._models import (
+    EXIT_BUDGET,
+    EXIT_CELL_ERROR,
+    EXIT_STOPPED,
+    EXIT_STORAGE,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    Limits,
+    SnapshotPolicy,
+)
 from ._parameters import collect_parameters
 from ._runner import Runner, RunnerOptions
 from ._status import describe, local_runs
-from ._store import RunStore, resolve_run
+from ._store import RunStore, is_url, resolve_run
 
 log = logging.getLogger("spotbook")
 
 # DESIGN.md's contract with the Job controller; most specific class first.
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
-    (Terminated, 75),
-    (PreemptionBudgetError, 5),
-    (ExecutionTimeoutError, 4),
-    (StorageError, 3),
-    (SnapshotIntegrityError, 2),
-    (UsageError, 2),
-    (CellError, 1),
+    (Terminated, EXIT_STOPPED),
+    (PreemptionBudgetError, EXIT_BUDGET),
+    (ExecutionTimeoutError, EXIT_TIMEOUT),
+    (StorageError, EXIT_STORAGE),
+    (SnapshotIntegrityError, EXIT_USAGE),
+    (UsageError, EXIT_USAGE),
+    (CellError, EXIT_CELL_ERROR),
 )
 
 
@@ -49,7 +61,7 @@ def exit_code(exc: BaseException) -> int:
     for cls, code in EXIT_CODES:
         if isinstance(exc, cls):
             return code
-    return 3
+    return EXIT_STORAGE
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -131,6 +143,63 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add_common(p)
 
 
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (as kubectl)")
+    g.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+    g.add_argument("-n", "--namespace", metavar="NS", help="default: the context's namespace")
+
+
+def _add_submit_flags(p: argparse.ArgumentParser) -> None:
+    from ._job_manifest import DEFAULT_BACKOFF, PROVIDERS
+
+    _add_cluster_flags(p)
+    k = p.add_argument_group("the Job")
+    k.add_argument("--image", required=True, help="container image with spotbook installed")
+    k.add_argument("--gpu", metavar="TYPE[:COUNT]", help="e.g. nvidia-l4, nvidia-l4:2, or 1")
+    k.add_argument("--cpu", metavar="CPU", help="CPU request, e.g. 4 or 500m")
+    k.add_argument("--memory", metavar="MEM", help="memory request and limit, e.g. 16Gi")
+    k.add_argument(
+        "--spot",
+        dest="spot",
+        action="store_true",
+        default=True,
+        help="run on spot/preemptible nodes (default)",
+    )
+    k.add_argument("--on-demand", dest="spot", action="store_false", help="run on regular nodes")
+    k.add_argument(
+        "--provider",
+        default="gke",
+        choices=sorted(PROVIDERS),
+        help="whose spot and GPU node labels to use (default gke)",
+    )
+    k.add_argument(
+        "--service-account",
+        metavar="NAME",
+        help="Kubernetes service account (workload identity for the bucket)",
+    )
+    k.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    k.add_argument("--queue", metavar="NAME", help="Kueue LocalQueue")
+    k.add_argument(
+        "--ttl",
+        default="7d",
+        metavar="DURATION",
+        help="delete the finished Job after this long (default 7d)",
+    )
+    k.add_argument("--deadline", metavar="DURATION", help="activeDeadlineSeconds, e.g. 12h")
+    k.add_argument(
+        "--backoff-limit",
+        type=int,
+        default=DEFAULT_BACKOFF,
+        metavar="N",
+        help="infrastructure failures to retry (preemptions are not counted)",
+    )
+    k.add_argument("--dry-run", action="store_true", help="print the manifest, submit nothing")
+    k.add_argument("-o", "--output-format", choices=["yaml", "json"], default="yaml")
+    k.add_argument(
+        "--wait", action="store_true", help="follow the Job until it ends; exit with the run's code"
+    )
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--grace",
@@ -156,10 +225,31 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--log-output", action="store_true")
     res.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
     _add_common(res)
-    st = sub.add_parser("status", help="where a run stands")
+    st = sub.add_parser("status", help="where a run stands (store, and cluster if submitted)")
     st.add_argument("run", metavar="RUN", help="run id or run store URL")
     st.add_argument("--json", action="store_true", help="machine-readable")
-    sub.add_parser("runs", help="list the runs under ./.spotbook/runs")
+    sb = sub.add_parser(
+        "submit",
+        help="run a notebook as a Kubernetes Job on spot (GPU) nodes",
+        description="Freeze the notebook into --run-dir (a bucket URL) and create a Job "
+        "that runs it with `spotbook worker`; preemptions resume after the last saved cell.",
+    )
+    _add_run_flags(sb)
+    _add_submit_flags(sb)
+    st = sub.choices["status"]
+    _add_cluster_flags(st)
+    lg = sub.add_parser("logs", help="the output of a submitted run's pod (kubectl logs)")
+    lg.add_argument("run", metavar="RUN", help="run id or run store URL")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+    lg.add_argument("--all", action="store_true", help="every attempt's pod, oldest first")
+    _add_cluster_flags(lg)
+    cn = sub.add_parser("cancel", help="stop a submitted run: delete its Job (progress is kept)")
+    cn.add_argument("run", metavar="RUN", help="run id or run store URL")
+    _add_cluster_flags(cn)
+    runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
+    runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
+    runs.add_argument("-A", "--all-namespaces", action="store_true")
+    _add_cluster_flags(runs)
     wk = sub.add_parser(
         "worker",
         help="the container entrypoint: run or resume the run in SPOTBOOK_RUN_DIR",
@@ -221,14 +311,8 @@ def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    params = collect_parameters(
-        files=args.parameters_file,
-        yaml_strings=args.parameters_yaml,
-        typed=[tuple(p) for p in args.parameters],
-        raw=[tuple(p) for p in args.parameters_raw],
-    )
-    limits = Limits(
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(
         execution_timeout=args.execution_timeout,
         run_timeout=args.timeout,
         start_timeout=args.start_timeout,
@@ -237,17 +321,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_output_bytes=args.max_output_bytes,
         checkpoint_interval=args.checkpoint_interval,
     )
-    store = prepare_run(
+
+
+def _prepare(args: argparse.Namespace) -> RunStore:
+    """Freeze the parameterised notebook into its run store (run and submit)."""
+    params = collect_parameters(
+        files=args.parameters_file,
+        yaml_strings=args.parameters_yaml,
+        typed=[tuple(p) for p in args.parameters],
+        raw=[tuple(p) for p in args.parameters_raw],
+    )
+    return prepare_run(
         args.input,
         args.output,
         parameters=params,
         kernel_name=args.kernel,
         cwd=args.cwd,
-        limits=limits,
+        limits=_limits(args),
         snapshot=SnapshotPolicy.parse(args.snapshot, args.snapshot_interval),
         run_dir=args.run_dir,
         restart=args.restart,
     )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    store = _prepare(args)
     run_id = store.require_run()["spec"]["run_id"]
     print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
     if args.prepare_only:
@@ -272,8 +370,226 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     target = resolve_target(args.run_dir, os.environ)
     store = open_target(target)
+    if store.exists(CANCELLED):
+        raise UsageError(f"run in {store.url} was cancelled (`spotbook cancel`); not starting it")
     print(f"spotbook: worker for {store.url}", file=sys.stderr)
     return _run_runner(store, args)
+
+
+def _cluster_for(args: argparse.Namespace, record: dict[str, Any] | None = None) -> Any:
+    from ._kube import Cluster
+
+    record = record or {}
+    return Cluster(
+        context=args.context or record.get("context"),
+        namespace=args.namespace or record.get("namespace"),
+    )
+
+
+def _open_run(args: argparse.Namespace) -> RunStore:
+    """The run store of RUN: a URL, a local run, or (by id) a Job on the cluster."""
+    store = RunStore(resolve_run(args.run))
+    if store.exists("run.json") or is_url(args.run) or os.sep in args.run:
+        return store
+    try:
+        cluster = _cluster_for(args)
+    except UsageError:
+        return store  # no cluster configured: report the local lookup's failure
+    job = cluster.get_job(args.run)
+    url = ((job or {}).get("metadata", {}).get("annotations") or {}).get(ANNOTATION_RUN_DIR)
+    if not url:
+        raise RunNotFoundError(
+            f"no run {args.run!r} under ./.spotbook/runs nor as a Job in namespace "
+            f"{cluster.namespace!r}; give the run store URL, or --namespace/--context"
+        )
+    return RunStore(url)
+
+
+def _job_record(store: RunStore) -> dict[str, Any]:
+    record = store.read_json(JOB_RECORD)
+    if record is None:
+        raise UsageError(
+            f"the run in {store.url} was not submitted to a cluster; its notebook is in "
+            f"{store.url}/output.ipynb (`spotbook status {store.url}`)"
+        )
+    assert isinstance(record, dict)
+    return record
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from ._job_manifest import JobOptions, build_job, parse_duration, parse_env, parse_gpu
+
+    if not args.run_dir or not is_url(args.run_dir):
+        raise UsageError(
+            "spotbook submit needs --run-dir URL in a bucket the pods can reach "
+            "(gs://BUCKET/runs/NAME, s3://..., az://...): a pod cannot see this machine's disk"
+        )
+    if args.output and not is_url(args.output):
+        raise UsageError(
+            f"OUTPUT {args.output!r} is a local path, which the pod cannot write; give a "
+            "bucket URL, or leave it out and download RUN_DIR/output.ipynb"
+        )
+    if args.cwd:
+        raise UsageError("--cwd is a path on this machine; it has no meaning in the pod")
+    gpu_type, gpu_count = parse_gpu(args.gpu)
+    job_kwargs: dict[str, Any] = {
+        "run_dir": args.run_dir.rstrip("/"),
+        "image": args.image,
+        "provider": args.provider,
+        "spot": args.spot,
+        "gpu_type": gpu_type,
+        "gpu_count": gpu_count,
+        "cpu": args.cpu,
+        "memory": args.memory,
+        "service_account": args.service_account,
+        "env": parse_env(args.env),
+        "queue": args.queue,
+        "ttl_seconds": parse_duration(args.ttl, "--ttl"),
+        "deadline_seconds": parse_duration(args.deadline, "--deadline") if args.deadline else None,
+        "backoff_limit": args.backoff_limit,
+        "source": args.input,
+    }
+    if args.backoff_limit < 0:
+        raise UsageError("--backoff-limit must be zero or more")
+    if args.dry_run:
+        from . import _notebook as nbs
+        from ._store import new_run_id, read_url
+
+        params = collect_parameters(
+            files=args.parameters_file,
+            yaml_strings=args.parameters_yaml,
+            typed=[tuple(p) for p in args.parameters],
+            raw=[tuple(p) for p in args.parameters_raw],
+        )
+        nbs.inject_parameters(nbs.parse(read_url(args.input), repr(args.input)), params)
+        _limits(args)
+        manifest = build_job(
+            JobOptions(run_id=new_run_id(), namespace=args.namespace or "default", **job_kwargs)
+        )
+        _print_manifest(manifest, args.output_format)
+        return 0
+    cluster = _cluster_for(args)  # before anything is written: fail early on bad config
+    JobOptions(run_id="check", namespace=cluster.namespace, **job_kwargs)  # validate early
+    store = _prepare(args)
+    run_id = store.require_run()["spec"]["run_id"]
+    manifest = build_job(JobOptions(run_id=run_id, namespace=cluster.namespace, **job_kwargs))
+    name = manifest["metadata"]["name"]
+    store.write_json(
+        JOB_RECORD,
+        {
+            "context": cluster.context_name,
+            "server": cluster.server,
+            "namespace": cluster.namespace,
+            "job": name,
+            "provider": args.provider,
+            "image": args.image,
+            "submitted": time.time(),
+        },
+    )
+    cluster.create_job(manifest)
+    print(
+        f"spotbook: submitted run {run_id} as Job {name} in namespace {cluster.namespace} "
+        f"(context {cluster.context_name}); store {store.url}\n"
+        f"  spotbook status {store.url}\n  spotbook logs -f {store.url}\n"
+        f"  spotbook cancel {store.url}",
+        file=sys.stderr,
+    )
+    if not args.wait:
+        return 0
+    return _follow(cluster, store, run_id)
+
+
+def _print_manifest(manifest: dict[str, Any], fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(manifest, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(manifest, sort_keys=False), end="")
+
+
+def _follow(cluster: Any, store: RunStore, run_id: str) -> int:
+    from ._jobs import follow, job_view
+
+    def say(line: str) -> None:
+        print(f"spotbook: {line}", file=sys.stderr, flush=True)
+
+    code = follow(
+        lambda: job_view(cluster.get_job(run_id), cluster.pods(run_id)),
+        lambda: cluster.watch_job(run_id),
+        say,
+    )
+    doc = describe(store)
+    say(f"run {run_id} {doc['status']}: {doc['cells_done']}/{doc['cells_total']} cells")
+    return int(code)
+
+
+def _cluster_view(store: RunStore, run_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    from ._jobs import job_view
+    from ._kube import ClusterError
+
+    record = store.read_json(JOB_RECORD)
+    if record is None:
+        return {}
+    try:
+        cluster = _cluster_for(args, record)
+        return job_view(cluster.get_job(run_id), cluster.pods(run_id))
+    except (ClusterError, UsageError) as exc:
+        return {"error": str(exc)}
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    store = _open_run(args)
+    run_id = store.require_run()["spec"]["run_id"]
+    cluster = _cluster_for(args, _job_record(store))
+    pods = cluster.pods(run_id)
+    if args.follow:
+        deadline = time.monotonic() + 600
+        while (not pods or pods[-1].get("status", {}).get("phase") == "Pending") and (
+            time.monotonic() < deadline
+        ):
+            if not pods or not getattr(_cmd_logs, "_told", False):
+                print("spotbook: waiting for the run's pod to start", file=sys.stderr)
+                _cmd_logs._told = True  # type: ignore[attr-defined]
+            time.sleep(2.0)
+            pods = cluster.pods(run_id)
+    if not pods:
+        print(
+            f"spotbook: run {run_id} has no pods (not started yet, or removed after the Job "
+            f"finished); its notebook is in {store.url}/output.ipynb",
+            file=sys.stderr,
+        )
+        return 0
+    targets = pods if args.all else pods[-1:]
+    for pod in targets:
+        name = pod["metadata"]["name"]
+        if args.all:
+            print(f"==> pod {name} <==", flush=True)
+        for line in cluster.logs(name, follow=args.follow and pod is pods[-1]):
+            sys.stdout.write(line if line.endswith("\n") else line + "\n")
+            sys.stdout.flush()
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from ._kube import ClusterError
+
+    store = _open_run(args)
+    run_id = store.require_run()["spec"]["run_id"]
+    cluster = _cluster_for(args, _job_record(store))
+    if cluster.get_job(run_id) is None:
+        raise ClusterError(
+            f"run {run_id} has no Job in namespace {cluster.namespace!r}: it has finished and "
+            "been cleaned up, or was cancelled already"
+        )
+    store.write_json(CANCELLED, {"at": time.time(), "by": os.environ.get("USER", "")})
+    cluster.delete_job(run_id)
+    print(
+        f"spotbook: cancelled run {run_id}: deleted its Job; the pod saves progress on its "
+        f"way out, and {store.url} keeps everything done so far",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _when(ts: float | None) -> str:
@@ -283,7 +599,19 @@ def _when(ts: float | None) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    doc = describe(RunStore(resolve_run(args.run)))
+    store = _open_run(args)
+    doc = describe(store)
+    view = _cluster_view(store, doc["run_id"], args)
+    if view:
+        doc["cluster"] = view
+        live = view.get("state")
+        if doc["status"] in ("pending", "running", "interrupted") and live in (
+            "pending",
+            "queued",
+            "retrying",
+            "running",
+        ):
+            doc["status"] = live
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
@@ -293,6 +621,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if doc["failing_cell"]:
         f = doc["failing_cell"]
         print(f"failed   cell {f['index']}: {f.get('ename')}: {f.get('evalue')}")
+    cluster = doc.get("cluster")
+    if cluster and "error" in cluster:
+        print(f"cluster  unknown: {cluster['error']}")
+    elif cluster:
+        where = (
+            f"Job {cluster.get('job')} in {cluster.get('namespace')}"
+            if "job" in cluster
+            else ("its Job is gone (finished and cleaned up, or cancelled)")
+        )
+        print(
+            f"cluster  {cluster['state']}: {where}, {cluster.get('preemptions', 0)} preempted pods"
+        )
+        from ._jobs import describe_pod
+
+        for v in cluster["pods"]:
+            print(f"  {describe_pod(v)}")
     print(f"attempts {len(doc['attempts'])}, preemptions {doc['preemptions']}")
     for a in doc["attempts"]:
         extra = ""
@@ -330,6 +674,8 @@ def _attempt_details(a: dict[str, Any]) -> list[str]:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _cluster_runs(args)
     runs = local_runs()
     if not runs:
         print("no runs under ./.spotbook/runs (start one with `spotbook run NOTEBOOK`)")
@@ -343,12 +689,43 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_runs(args: argparse.Namespace) -> int:
+    from ._job_manifest import LABEL_RUN
+    from ._jobs import job_view
+
+    cluster = _cluster_for(args)
+    jobs = cluster.list_jobs(all_namespaces=args.all_namespaces)
+    if not jobs:
+        where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace!r}"
+        print(f"no spotbook Jobs in {where} (context {cluster.context_name})")
+        return 0
+    print(f"{'RUN':<24} {'NAMESPACE':<12} {'STATE':<10} {'FAILED PODS':>11}  RUN DIR")
+    for job in sorted(jobs, key=lambda j: j["metadata"].get("creationTimestamp") or ""):
+        meta = job["metadata"]
+        view = job_view(job, [])
+        st = job.get("status") or {}
+        state = (
+            view["state"]
+            if view["state"] in ("succeeded", "failed", "queued")
+            else ("active" if st.get("active") else "pending")
+        )
+        run_dir = (meta.get("annotations") or {}).get(ANNOTATION_RUN_DIR, "")
+        print(
+            f"{(meta.get('labels') or {}).get(LABEL_RUN, meta['name']):<24} "
+            f"{meta.get('namespace', ''):<12} {state:<10} {st.get('failed', 0):>11}  {run_dir}"
+        )
+    return 0
+
+
 COMMANDS = {
     "run": _cmd_run,
     "resume": _cmd_resume,
     "status": _cmd_status,
     "runs": _cmd_runs,
     "worker": _cmd_worker,
+    "submit": _cmd_submit,
+    "logs": _cmd_logs,
+    "cancel": _cmd_cancel,
 }
 
 

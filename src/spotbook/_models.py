@@ -153,3 +153,15 @@ class RunSpec:
             snapshot=SnapshotPolicy(**snap),
             created=data.get("created", 0.0),
         )
+
+
+# Exit codes: DESIGN.md's contract between the runner and the Job controller.
+EXIT_OK = 0
+EXIT_CELL_ERROR = 1  # a cell raised: it will fail again
+EXIT_USAGE = 2  # bad usage, input notebook or parameters
+EXIT_STORAGE = 3  # storage or infrastructure: may pass on retry
+EXIT_TIMEOUT = 4  # a cell or the whole run took too long
+EXIT_BUDGET = 5  # preemption budget exhausted
+EXIT_STOPPED = 75  # stopped on SIGTERM after saving progress
+# What a retry cannot fix: the Job's podFailurePolicy fails the Job on these at once.
+EXIT_CODES_FAIL_JOB = frozenset({EXIT_CELL_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BUDGET})

@@ -51,10 +51,11 @@ def describe(store: RunStore) -> dict[str, Any]:
     status = RunStatus(run.get("status", RunStatus.PENDING.value))
     if status is RunStatus.RUNNING and attempts and attempts[-1]["outcome"] == "killed":
         status = RunStatus.INTERRUPTED
+    cancelled = status is not RunStatus.SUCCEEDED and store.exists("cancelled.json")
     doc: dict[str, Any] = {
         "run_id": spec.run_id,
         "run_dir": store.url,
-        "status": status.value,
+        "status": "cancelled" if cancelled else status.value,
         "message": run.get("message", ""),
         "source": spec.source,
         "output": spec.output,

@@ -1,0 +1,330 @@
+"""The Kubernetes Job that runs one spotbook run: built here, as plain dicts, no I/O.
+
+Every field that decides whether a preemptible run survives is set on purpose:
+
+- ``restartPolicy: Never`` and ``podReplacementPolicy: Failed``: each attempt is a new
+  pod, and a new pod starts only after the old one has fully stopped, so two attempts
+  never write the run store at once (the store's fence handles the rest).
+- ``podFailurePolicy``: a disruption (spot reclaim, drain, eviction) is ignored, i.e. not
+  counted against ``backoffLimit``; spotbook's exit codes for problems a retry cannot fix
+  (1 cell error, 2 bad input, 4 timeout, 5 preemption budget) fail the Job at once;
+  everything else (3 storage/infrastructure, 75 stopped without a DisruptionTarget,
+  OOM kills) counts against a small ``backoffLimit``.
+- Tolerations and node affinity for the provider's spot and GPU labels and taints, a
+  GPU limit, and short ``tolerationSeconds`` for unreachable/not-ready nodes, so a node
+  that vanished without notice is given up on in about a minute instead of five.
+- ``terminationGracePeriodSeconds`` that fits the provider's notice; the runner itself
+  stops within about 10 s (its --grace plus the save budget).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import UsageError
+from ._models import EXIT_CODES_FAIL_JOB
+
+CONTAINER = "notebook"
+LABEL_RUN = "spotbook.dev/run-id"
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+ANNOTATION_RUN_DIR = "spotbook.dev/run-dir"
+ANNOTATION_SOURCE = "spotbook.dev/source"
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_GONE_SECONDS = 60  # default is 300: a dead node's pod waits 5 min to be replaced
+DEFAULT_TTL = 7 * 24 * 3600
+DEFAULT_BACKOFF = 3
+
+
+@dataclass(frozen=True)
+class Provider:
+    """Where a provider puts spot nodes and GPU types (labels and taints)."""
+
+    name: str
+    # node labels that mark spot capacity: any one of them is enough (OR)
+    spot_labels: tuple[tuple[str, str], ...]
+    # taints spot nodes carry that the pod must tolerate
+    spot_taints: tuple[tuple[str, str], ...]
+    gpu_type_label: str | None  # node label whose value is the GPU type
+    grace_seconds: int  # terminationGracePeriodSeconds: what the notice allows
+    notice: str
+
+
+PROVIDERS: dict[str, Provider] = {
+    "gke": Provider(
+        "gke",
+        spot_labels=(
+            ("cloud.google.com/gke-spot", "true"),
+            ("cloud.google.com/gke-preemptible", "true"),
+        ),
+        spot_taints=(
+            ("cloud.google.com/gke-spot", "true"),
+            ("cloud.google.com/gke-preemptible", "true"),
+        ),
+        gpu_type_label="cloud.google.com/gke-accelerator",
+        grace_seconds=25,
+        notice="30 s notice; GKE gives a pod about 15 s of it",
+    ),
+    "eks": Provider(
+        "eks",
+        spot_labels=(
+            ("eks.amazonaws.com/capacityType", "SPOT"),
+            ("karpenter.sh/capacity-type", "spot"),
+        ),
+        spot_taints=(),
+        gpu_type_label="k8s.amazonaws.com/accelerator",
+        grace_seconds=90,
+        notice="2 min notice",
+    ),
+    "aks": Provider(
+        "aks",
+        spot_labels=(("kubernetes.azure.com/scalesetpriority", "spot"),),
+        spot_taints=(("kubernetes.azure.com/scalesetpriority", "spot"),),
+        gpu_type_label="nvidia.com/gpu.product",
+        grace_seconds=25,
+        notice="at least 30 s notice",
+    ),
+    "generic": Provider(
+        "generic",
+        spot_labels=(),
+        spot_taints=(),
+        gpu_type_label="nvidia.com/gpu.product",
+        grace_seconds=30,
+        notice="unknown notice",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What ``spotbook submit`` asks of the cluster for one run."""
+
+    run_id: str
+    run_dir: str
+    image: str
+    namespace: str = "default"
+    provider: str = "gke"
+    spot: bool = True
+    gpu_type: str | None = None
+    gpu_count: int = 0
+    cpu: str | None = None
+    memory: str | None = None
+    service_account: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    queue: str | None = None
+    ttl_seconds: int | None = DEFAULT_TTL
+    deadline_seconds: int | None = None
+    backoff_limit: int = DEFAULT_BACKOFF
+    source: str = ""
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise UsageError(
+                f"--provider must be one of {', '.join(PROVIDERS)}, not {self.provider!r}"
+            )
+        if self.gpu_count < 0:
+            raise UsageError("--gpu COUNT must be zero or more")
+        if not _LABEL_VALUE.match(self.run_id):
+            raise UsageError(f"run id {self.run_id!r} cannot be a Kubernetes label value")
+        if not _DNS_LABEL.match(self.namespace):
+            raise UsageError(f"--namespace {self.namespace!r} is not a valid namespace name")
+        if self.queue is not None and not _LABEL_VALUE.match(self.queue):
+            raise UsageError(f"--queue {self.queue!r} is not a valid Kueue queue name")
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def job_name(run_id: str) -> str:
+    """The Job's name for a run: ``sb-`` and the run id, as a DNS label."""
+    name = "sb-" + re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    return name[:63].rstrip("-")
+
+
+def parse_gpu(text: str | None) -> tuple[str | None, int]:
+    """``--gpu TYPE[:COUNT]`` (or just COUNT) to (type, count)."""
+    if not text:
+        return None, 0
+    kind, _, count = text.partition(":")
+    if kind.isdigit() and not count:
+        return None, int(kind)
+    try:
+        n = int(count) if count else 1
+    except ValueError:
+        raise UsageError(
+            f"--gpu {text!r}: COUNT must be a whole number, as in nvidia-l4:2"
+        ) from None
+    if n < 1:
+        raise UsageError(f"--gpu {text!r}: COUNT must be at least 1")
+    if not _LABEL_VALUE.match(kind):
+        raise UsageError(f"--gpu {text!r}: TYPE must look like a node label value (nvidia-l4)")
+    return kind, n
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, flag: str) -> int:
+    """Seconds from ``90``, ``90s``, ``15m``, ``6h`` or ``2d``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", text or "")
+    if not m:
+        raise UsageError(f"{flag} {text!r}: give seconds or a duration such as 90s, 15m, 6h, 2d")
+    return int(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise UsageError(f"--env {item!r}: give NAME=VALUE")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _affinity(opts: JobOptions, provider: Provider) -> dict[str, Any] | None:
+    common: list[dict[str, Any]] = []
+    if opts.gpu_type and provider.gpu_type_label:
+        common.append({"key": provider.gpu_type_label, "operator": "In", "values": [opts.gpu_type]})
+    if opts.spot:
+        # one term per spot label: a node matching any of them will do (terms are ORed)
+        terms = [
+            [{"key": k, "operator": "In", "values": [v]}, *common] for k, v in provider.spot_labels
+        ] or ([common] if common else [])
+    else:
+        avoid = [{"key": k, "operator": "NotIn", "values": [v]} for k, v in provider.spot_labels]
+        terms = [[*avoid, *common]] if avoid or common else []
+    if not terms:
+        return None
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]
+            }
+        }
+    }
+
+
+def _tolerations(opts: JobOptions, provider: Provider) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if opts.spot:
+        out += [
+            {"key": k, "operator": "Equal", "value": v, "effect": "NoSchedule"}
+            for k, v in provider.spot_taints
+        ]
+    if opts.gpu_count:
+        out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    out += [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": NODE_GONE_SECONDS,
+        }
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ]
+    return out
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def build_job(opts: JobOptions) -> dict[str, Any]:
+    """The ``batch/v1`` Job for one run."""
+    provider = PROVIDERS[opts.provider]
+    labels = {
+        LABEL_MANAGED: "spotbook",
+        "app.kubernetes.io/name": "spotbook",
+        LABEL_RUN: opts.run_id,
+        **opts.extra_labels,
+    }
+    job_labels = dict(labels)
+    if opts.queue:
+        job_labels[LABEL_QUEUE] = opts.queue
+    env = [
+        {"name": "SPOTBOOK_RUN_DIR", "value": opts.run_dir},
+        {"name": "SPOTBOOK_IMAGE", "value": opts.image},
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        _field_env("NODE_NAME", "spec.nodeName"),
+        *({"name": k, "value": v} for k, v in opts.env),
+    ]
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if opts.cpu:
+        requests["cpu"] = opts.cpu
+    if opts.memory:
+        requests["memory"] = limits["memory"] = opts.memory
+    if opts.gpu_count:
+        limits[GPU_RESOURCE] = str(opts.gpu_count)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": opts.image,
+        "command": ["spotbook", "worker"],
+        "env": env,
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": provider.grace_seconds,
+        "containers": [container],
+        "tolerations": _tolerations(opts, provider),
+    }
+    affinity = _affinity(opts, provider)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if opts.service_account:
+        pod_spec["serviceAccountName"] = opts.service_account
+    spec: dict[str, Any] = {
+        "backoffLimit": opts.backoff_limit,
+        "podReplacementPolicy": "Failed",
+        "podFailurePolicy": {
+            "rules": [
+                # first match wins: a disrupted pod is never held against the run
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTAINER,
+                        "operator": "In",
+                        "values": sorted(EXIT_CODES_FAIL_JOB),
+                    },
+                },
+            ]
+        },
+        "template": {
+            "metadata": {
+                "labels": labels,
+                # the autoscaler must not move a running notebook to save a node
+                "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+            },
+            "spec": pod_spec,
+        },
+    }
+    if opts.ttl_seconds is not None:
+        spec["ttlSecondsAfterFinished"] = opts.ttl_seconds
+    if opts.deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = opts.deadline_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(opts.run_id),
+            "namespace": opts.namespace,
+            "labels": job_labels,
+            "annotations": {
+                ANNOTATION_RUN_DIR: opts.run_dir,
+                **({ANNOTATION_SOURCE: opts.source} if opts.source else {}),
+            },
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,185 @@
+"""Runs as Kubernetes Jobs: where a Job and its pods stand, and following one to its end.
+
+Pure views over the Job and pod objects (``job_view``, ``pod_view``) and the follow
+loop; the cluster calls are in ``_kube`` and the manifest in ``_job_manifest``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._models import EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
+
+JOB_RECORD = "job.json"  # in the run store: which cluster, namespace and Job run it
+CANCELLED = "cancelled.json"  # in the run store: the user cancelled the run
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind and c.get("status") == "True":
+            return dict(c)
+    return None
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return dict(term)
+    return None
+
+
+def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
+    """One pod as status shows it: pending / running / preempted / stopped / failed / ..."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    term = _terminated(pod)
+    view: dict[str, Any] = {
+        "name": pod["metadata"]["name"],
+        "node": (pod.get("spec") or {}).get("nodeName"),
+        "phase": phase,
+        "created": pod["metadata"].get("creationTimestamp"),
+        "exit_code": term.get("exitCode") if term else None,
+    }
+    disrupted = _condition(pod, "DisruptionTarget")
+    if phase == "Pending":
+        unsched = next(
+            (
+                c
+                for c in status.get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("status") == "False"
+            ),
+            None,
+        )
+        view["state"] = "pending"
+        if unsched:
+            view["reason"] = (
+                f"waiting for a node: {unsched.get('message') or unsched.get('reason')}"
+            )
+    elif phase == "Running":
+        view["state"] = "terminating" if pod["metadata"].get("deletionTimestamp") else "running"
+    elif phase == "Succeeded":
+        view["state"] = "succeeded"
+    elif disrupted:
+        view["state"] = "preempted"
+        view["reason"] = disrupted.get("reason") or disrupted.get("message")
+    elif view["exit_code"] == EXIT_STOPPED:
+        view["state"] = "stopped"
+    else:
+        view["state"] = "failed"
+        if term:
+            view["reason"] = term.get("reason")
+    return view
+
+
+def job_view(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Job's state, merged from its conditions and its pods."""
+    views = [pod_view(p) for p in pods]
+    out: dict[str, Any] = {"pods": views}
+    if job is None:
+        out["state"] = "gone"
+        return out
+    out["job"] = job["metadata"]["name"]
+    out["namespace"] = job["metadata"].get("namespace")
+    interrupted = [v for v in views if v["state"] in ("preempted", "stopped")]
+    out["preemptions"] = len(interrupted)
+    failed = _condition(job, "Failed")
+    if _condition(job, "Complete"):
+        out["state"] = "succeeded"
+    elif failed:
+        out["state"] = "failed"
+        out["reason"] = failed.get("reason")
+        out["message"] = failed.get("message")
+    elif (job.get("spec") or {}).get("suspend"):
+        out["state"] = "queued"
+    elif views and views[-1]["state"] == "running":
+        out["state"] = "running"
+    elif interrupted or any(v["state"] == "failed" for v in views):
+        out["state"] = "retrying"
+    else:
+        out["state"] = "pending"
+    if views:
+        out["current_pod"] = views[-1]["name"]
+        out["node"] = views[-1]["node"]
+    return out
+
+
+def exit_code_of(view: dict[str, Any]) -> int | None:
+    """The code ``submit --wait`` exits with once the Job has finished (None: not yet)."""
+    state = view.get("state")
+    if state == "succeeded":
+        return EXIT_OK
+    if state == "gone":
+        return EXIT_STOPPED  # deleted: cancelled; its pod saved progress on SIGTERM
+    if state != "failed":
+        return None
+    if view.get("reason") == "DeadlineExceeded":
+        return EXIT_TIMEOUT
+    codes = [p["exit_code"] for p in view["pods"] if p.get("exit_code") is not None]
+    if view.get("reason") == "PodFailurePolicy" and codes:
+        return int(codes[-1])
+    return EXIT_STORAGE
+
+
+def describe_pod(v: dict[str, Any]) -> str:
+    text = f"pod {v['name']} {v['state']}"
+    if v.get("node"):
+        text += f" on {v['node']}"
+    if v.get("exit_code") is not None and v["state"] != "running":
+        text += f" (exit {v['exit_code']})"
+    if v.get("reason"):
+        text += f": {v['reason']}"
+    return text
+
+
+def follow(
+    get_view: Callable[[], dict[str, Any]],
+    events: Callable[[], Any],
+    say: Callable[[str], None],
+    poll: float = 5.0,
+    timeout: float | None = None,
+) -> int:
+    """Report a Job's pods as they change until it finishes; return the exit code.
+
+    ``events`` is an iterator of watch events on the Job (run in a thread); pods are
+    looked at again on every event and at least every ``poll`` seconds.
+    """
+    wake: queue.Queue[object] = queue.Queue()
+    failure: list[BaseException] = []
+
+    def pump() -> None:
+        try:
+            for event in events():
+                wake.put(event)
+        except BaseException as exc:  # reported by the main loop
+            failure.append(exc)
+            wake.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: dict[str, str] = {}
+    last_state = ""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        view = get_view()
+        for v in view["pods"]:
+            line = describe_pod(v)
+            if seen.get(v["name"]) != line:
+                seen[v["name"]] = line
+                say(line)
+        if view["state"] != last_state:
+            last_state = view["state"]
+            say(f"job {view.get('job', '')} {last_state}".replace("  ", " "))
+        code = exit_code_of(view)
+        if code is not None:
+            return code
+        if failure:
+            raise failure[0]
+        if end is not None and time.monotonic() > end:
+            raise TimeoutError("gave up following the Job")
+        with contextlib.suppress(queue.Empty):
+            wake.get(timeout=poll)

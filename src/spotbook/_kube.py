@@ -1,0 +1,254 @@
+"""Talking to a Kubernetes cluster (lightkube): create, find, follow and delete run Jobs.
+
+The only module that imports lightkube. Configuration is found as kubectl finds it: the
+in-cluster service account, else ``KUBECONFIG`` (first file of the list) or
+``~/.kube/config``, with ``--context`` choosing a context and the context's namespace as
+the default namespace. API errors become :class:`ClusterError` with what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._errors import SpotbookError, UsageError
+from ._job_manifest import CONTAINER, LABEL_MANAGED, LABEL_RUN, job_name
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_RETRIES = 4
+
+
+class ClusterError(SpotbookError):
+    """The Kubernetes API refused or failed a request (exit 3: may pass on retry)."""
+
+
+def _kubeconfig_path() -> str:
+    paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for p in paths:
+        if os.path.exists(p):
+            return p
+    return os.path.expanduser("~/.kube/config")
+
+
+@dataclass
+class Cluster:
+    """A lightkube client for one context and namespace."""
+
+    context: str | None = None
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            from lightkube import Client, KubeConfig
+            from lightkube.core.exceptions import ConfigError
+        except ImportError as exc:
+            raise UsageError(
+                "the cluster commands need the Kubernetes client: pip install 'spotbook[kube]'"
+            ) from exc
+
+        try:
+            if self.context is None:
+                config = KubeConfig.from_env(default_config=_kubeconfig_path())
+            else:
+                config = KubeConfig.from_file(_kubeconfig_path())
+            single = config.get(context_name=self.context)
+        except (ConfigError, OSError) as exc:
+            raise UsageError(
+                f"no usable Kubernetes configuration ({exc}); point KUBECONFIG at a "
+                "kubeconfig (e.g. `gcloud container clusters get-credentials CLUSTER`), "
+                "choose a context with --context, or run inside a cluster"
+            ) from exc
+        assert single is not None
+        self.namespace = self.namespace or single.namespace
+        self.server = single.cluster.server
+        self.context_name = single.context_name
+        self.client = Client(config=single, namespace=self.namespace, field_manager="spotbook")
+
+    # -- errors ----------------------------------------------------------------
+    def _call(self, what: str, op: Callable[[], T], *, retry: bool = True) -> T:
+        import httpx2 as httpx
+        from lightkube import ApiError
+
+        for attempt in range(1, _RETRIES + 1):
+            try:
+                return op()
+            except ApiError as exc:
+                code = exc.status.code or 0
+                if retry and code >= 500 and attempt < _RETRIES:
+                    log.warning("%s: API server answered %d; retrying", what, code)
+                    time.sleep(0.3 * 2**attempt)
+                    continue
+                raise self._explain(what, code, exc.status.message or str(exc)) from None
+            except httpx.TransportError as exc:
+                if retry and attempt < _RETRIES:
+                    time.sleep(0.3 * 2**attempt)
+                    continue
+                raise ClusterError(
+                    f"cannot reach the Kubernetes API at {self.server} ({exc}); check "
+                    f"`kubectl --context {self.context_name} get nodes` works"
+                ) from None
+        raise AssertionError("unreachable")
+
+    def _explain(self, what: str, code: int, message: str) -> ClusterError:
+        where = f"namespace {self.namespace!r} (context {self.context_name!r})"
+        if code == 401:
+            hint = "the cluster rejected the credentials; refresh them (get-credentials)"
+        elif code == 403:
+            hint = (
+                f"your account may not do this in {where}; check with "
+                f"`kubectl auth can-i create jobs -n {self.namespace}`"
+            )
+        elif code == 404:
+            hint = f"not found in {where}; check --namespace and --context"
+        elif code == 409:
+            hint = "it already exists (was this run submitted before? see `spotbook status`)"
+        elif code == 422:
+            hint = "the API server refused the manifest; see `spotbook submit --dry-run -o yaml`"
+        elif code >= 500:
+            hint = "the API server failed; try again shortly"
+        else:
+            hint = f"in {where}"
+        return ClusterError(f"{what}: {message} (HTTP {code}); {hint}")
+
+    # -- Jobs ------------------------------------------------------------------
+    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        from lightkube import codecs
+
+        obj = codecs.from_dict(manifest)
+        name = manifest["metadata"]["name"]
+        created = self._call(f"create Job {name}", lambda: self.client.create(obj), retry=False)
+        out: dict[str, Any] = created.to_dict()
+        return out
+
+    def get_job(self, run_id: str) -> dict[str, Any] | None:
+        """The run's Job, or None if there is none (never submitted, or cleaned up)."""
+        from lightkube import ApiError
+        from lightkube.resources.batch_v1 import Job
+
+        name = job_name(run_id)
+
+        def get() -> dict[str, Any] | None:
+            try:
+                out: dict[str, Any] = self.client.get(Job, name, namespace=self.namespace).to_dict()
+                return out
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    return None
+                raise
+
+        return self._call(f"get Job {name}", get)
+
+    def list_jobs(self, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        from lightkube import ALL_NS
+        from lightkube.resources.batch_v1 import Job
+
+        ns = ALL_NS if all_namespaces else self.namespace
+        return self._call(
+            "list Jobs",
+            lambda: [
+                j.to_dict()
+                for j in self.client.list(Job, namespace=ns, labels={LABEL_MANAGED: "spotbook"})
+            ],
+        )
+
+    def pods(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's pods, oldest first."""
+        from lightkube.resources.core_v1 import Pod
+
+        pods = self._call(
+            "list pods",
+            lambda: [
+                p.to_dict()
+                for p in self.client.list(Pod, namespace=self.namespace, labels={LABEL_RUN: run_id})
+            ],
+        )
+        return sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+
+    def delete_job(self, run_id: str) -> None:
+        from lightkube.resources.batch_v1 import Job
+        from lightkube.types import CascadeType
+
+        name = job_name(run_id)
+        self._call(
+            f"delete Job {name}",
+            lambda: self.client.delete(
+                Job, name, namespace=self.namespace, cascade=CascadeType.BACKGROUND
+            ),
+        )
+
+    def evict(self, pod: str) -> None:
+        """Evict a pod through the Eviction API: what a drain or the autoscaler does."""
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Pod
+
+        body = Pod.Eviction(metadata=ObjectMeta(name=pod, namespace=self.namespace))
+        self._call(
+            f"evict pod {pod}",
+            lambda: self.client.create(body, name=pod, namespace=self.namespace),
+            retry=False,
+        )
+
+    def logs(self, pod: str, follow: bool = False) -> Iterator[str]:
+        def stream() -> Iterator[str]:
+            yield from self.client.log(
+                pod, namespace=self.namespace, container=CONTAINER, follow=follow
+            )
+
+        lines = self._call(f"logs of pod {pod}", lambda: iter(stream()), retry=False)
+        try:
+            yield from lines
+        except Exception as exc:
+            import httpx2 as httpx
+            from lightkube import ApiError
+
+            if isinstance(exc, ApiError):
+                code = exc.status.code or 0
+                raise self._explain(f"logs of pod {pod}", code, exc.status.message or "") from None
+            if isinstance(exc, httpx.HTTPError):
+                raise ClusterError(f"logs of pod {pod}: {exc}") from None
+            raise
+
+    def watch_job(self, run_id: str, timeout: int = 60) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Changes to the run's Job, forever: re-lists when the watch expires (410)."""
+        from lightkube import ApiError
+        from lightkube.resources.batch_v1 import Job
+
+        name = job_name(run_id)
+        version: str | None = None
+        while True:
+            if version is None:
+                job = self.get_job(run_id)
+                if job is None:
+                    raise ClusterError(f"Job {name} is gone from namespace {self.namespace!r}")
+                version = job["metadata"].get("resourceVersion")
+                yield "SYNC", job
+            try:
+                for kind, obj in self.client.watch(
+                    Job,
+                    namespace=self.namespace,
+                    fields={"metadata.name": name},
+                    server_timeout=timeout,
+                    resource_version=version,
+                ):
+                    data: dict[str, Any] = obj.to_dict()
+                    version = data["metadata"].get("resourceVersion") or version
+                    yield kind, data
+            except ApiError as exc:
+                if exc.status.code == 410:
+                    log.debug("watch of Job %s expired; listing again", name)
+                    version = None
+                    continue
+                raise self._explain(f"watch Job {name}", exc.status.code or 0, str(exc)) from None
+            except Exception as exc:
+                import httpx2 as httpx
+
+                if isinstance(exc, httpx.TransportError | httpx.StreamError):
+                    time.sleep(1.0)
+                    version = None
+                    continue
+                raise

@@ -1,0 +1,373 @@
+"""spotbook's cluster commands over HTTP against a stateful fake Kubernetes API server
+(tests/fakekube.py, its own process on loopback). The test plays the Job controller and
+the kubelet; the "pods" are real `spotbook worker` processes on a real run store."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotbook._store import RunStore
+
+from .conftest import cli, kill, start_cli, wait_for
+from .servers import FakeKube
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKube]:
+    fake = FakeKube(tmp_path_factory.mktemp("kube"))
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def submit_args(rd: str, *extra: str) -> list[str]:
+    return [
+        "submit",
+        "sleepy.ipynb",
+        "--run-dir",
+        rd,
+        "--image",
+        "img:1",
+        "--gpu",
+        "nvidia-l4",
+        "--grace",
+        "0.5",
+        *extra,
+    ]
+
+
+def pod(name: str, run_id: str, phase: str, node: str | None = None, **status: Any) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"spotbook.dev/run-id": run_id, "job-name": f"sb-{run_id}"},
+        },
+        "spec": {
+            "containers": [{"name": "notebook", "image": "img:1"}],
+            **({"nodeName": node} if node else {}),
+        },
+        "status": {"phase": phase, **status},
+    }
+
+
+def terminated(code: int) -> list[dict[str, Any]]:
+    """containerStatuses of a pod whose notebook container exited with ``code``."""
+    reason = "Error" if code else "Completed"
+    return [
+        {
+            "name": "notebook",
+            "image": "img:1",
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": reason}},
+        }
+    ]
+
+
+def worker(work: Path, rd: str, pod_name: str, node: str, kube: FakeKube) -> subprocess.Popen:
+    return start_cli(
+        "worker",
+        cwd=work,
+        env={
+            **kube.env,
+            "SPOTBOOK_RUN_DIR": rd,
+            "POD_NAME": pod_name,
+            "NODE_NAME": node,
+            "POD_NAMESPACE": "default",
+            "SPOTBOOK_IMAGE": "img:1",
+        },
+    )
+
+
+def status(work: Path, rd: str, kube: FakeKube) -> dict[str, Any]:
+    r = cli("status", rd, "--json", cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def test_submit_creates_the_job_and_freezes_the_run(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/r1"
+    r = cli(*submit_args(rd, "-p", "n", "3"), cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    (job,) = kube.objects("jobs")
+    store = RunStore(rd)
+    run_id = store.require_run()["spec"]["run_id"]
+    assert job["metadata"]["name"] == f"sb-{run_id}"
+    assert job["metadata"]["annotations"]["spotbook.dev/run-dir"] == rd
+    assert job["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert store.read_json("job.json")["namespace"] == "default"
+    assert store.read_json("job.json")["context"] == "fake"
+    assert f"spotbook status {rd}" in r.stderr
+    # the same run again: the Job exists, and the message says what to do
+    again = cli(*submit_args(rd, "-p", "n", "3"), cwd=work, env=kube.env)
+    assert again.returncode == 3
+    assert "already exists" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_preempted_pod_is_replaced_and_wait_reports_it(work: Path, kube: FakeKube) -> None:
+    """Running -> Failed with DisruptionTarget -> a new pod -> Complete, followed by
+    `submit --wait`, with `status`, `logs` and `runs --cluster` checked on the way."""
+    rd = f"file://{work}/runs/story"
+    waiter = start_cli(*submit_args(rd, "--wait"), cwd=work, env=kube.env)
+    wait_for(lambda: kube.objects("jobs"), timeout=60, what="the Job")
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    job = f"sb-{run_id}"
+
+    kube.put(
+        "pods",
+        pod(
+            "p1",
+            run_id,
+            "Pending",
+            conditions=[
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu",
+                }
+            ],
+        ),
+    )
+    assert status(work, rd, kube)["status"] == "pending"
+    kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
+    kube.set_status("jobs", "default", job, {"active": 1})
+    w1 = worker(work, rd, "p1", "gke-spot-1", kube)
+    wait_for(lambda: len(RunStore(rd).cell_records()) >= 2, timeout=60, what="2 cells")
+    kube.log("default", "p1", "tick 0", "tick 1")
+    doc = status(work, rd, kube)
+    assert doc["status"] == "running" and doc["cluster"]["node"] == "gke-spot-1"
+
+    # the node is reclaimed: SIGTERM, the runner saves and exits 75, the pod fails with
+    # a DisruptionTarget condition, which the Job's policy ignores
+    code, err = kill(w1, signal.SIGTERM)
+    assert code == 75, err
+    kube.put(
+        "pods",
+        pod(
+            "p1",
+            run_id,
+            "Failed",
+            node="gke-spot-1",
+            conditions=[
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": "node shutdown",
+                }
+            ],
+            containerStatuses=terminated(75),
+        ),
+    )
+    kube.set_status("jobs", "default", job, {"active": 0})
+    doc = status(work, rd, kube)
+    assert doc["status"] == "retrying"
+    assert doc["cluster"]["preemptions"] == 1
+    assert doc["cluster"]["pods"][0]["state"] == "preempted"
+    text = cli("status", rd, cwd=work, env=kube.env).stdout
+    assert "pod p1 preempted on gke-spot-1 (exit 75): TerminationByKubelet" in text
+
+    kube.put("pods", pod("p2", run_id, "Running", node="gke-spot-2"))
+    kube.set_status("jobs", "default", job, {"active": 1})
+    w2 = worker(work, rd, "p2", "gke-spot-2", kube)
+    _, err = w2.communicate(timeout=120)
+    assert w2.returncode == 0, err
+    kube.log("default", "p2", "tick 2", "done")
+    kube.put(
+        "pods", pod("p2", run_id, "Succeeded", node="gke-spot-2", containerStatuses=terminated(0))
+    )
+    kube.set_status(
+        "jobs",
+        "default",
+        job,
+        {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
+    )
+    _, werr = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0, werr
+    for line in (
+        "pod p1 pending: waiting for a node",
+        "pod p1 running on gke-spot-1",
+        "pod p1 preempted on gke-spot-1",
+        "pod p2 running on gke-spot-2",
+        "succeeded",
+        "9/9 cells",
+    ):
+        assert line in werr, (line, werr)
+
+    doc = status(work, rd, kube)
+    assert doc["status"] == "succeeded" and doc["preemptions"] == 1
+    assert [a["pod"] for a in doc["attempts"]] == ["p1", "p2"]
+    logs = cli("logs", rd, cwd=work, env=kube.env)
+    assert logs.returncode == 0 and logs.stdout == "tick 2\ndone\n", logs
+    every = cli("logs", rd, "--all", cwd=work, env=kube.env).stdout
+    assert every.index("==> pod p1") < every.index("tick 0") < every.index("==> pod p2")
+    listing = cli("runs", "--cluster", cwd=work, env=kube.env)
+    assert run_id in listing.stdout and "succeeded" in listing.stdout
+
+
+def test_wait_exits_with_the_runs_code_when_the_job_fails(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/fail"
+    waiter = start_cli(*submit_args(rd, "--wait"), cwd=work, env=kube.env)
+    wait_for(lambda: kube.objects("jobs"), timeout=60, what="the Job")
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    kube.put("pods", pod("p1", run_id, "Failed", node="n1", containerStatuses=terminated(1)))
+    kube.expire_watches()  # the watch must survive a 410 Gone and list again
+    wait_for(lambda: kube.state()["gone"] >= 1, timeout=30, what="a watch answered 410")
+    relists = sum(1 for q in kube.state()["requests"] if q.startswith("GET") and "watch" not in q)
+    wait_for(
+        lambda: sum(1 for q in kube.state()["requests"] if "watch=true" in q) >= 2,
+        timeout=30,
+        what="a new watch after the 410",
+    )
+    assert relists >= 1
+    kube.set_status(
+        "jobs",
+        "default",
+        f"sb-{run_id}",
+        {
+            "failed": 1,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "PodFailurePolicy",
+                    "message": "Container notebook for pod default/p1 failed with exit code 1",
+                }
+            ],
+        },
+    )
+    _, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 1, err
+    assert "job sb-" in err and "failed" in err
+
+
+def test_logs_follow_streams_until_the_pod_ends(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/logs"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    pending = cli("logs", rd, cwd=work, env=kube.env)
+    assert pending.returncode == 0 and "no pods" in pending.stderr
+    kube.put("pods", pod("p1", run_id, "Running", node="n1"))
+    follower = start_cli("logs", rd, "-f", cwd=work, env=kube.env)
+    kube.log("default", "p1", "one")
+    time.sleep(0.5)
+    kube.log("default", "p1", "two")
+    kube.put("pods", pod("p1", run_id, "Succeeded", node="n1", containerStatuses=terminated(0)))
+    out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 0, err
+    assert out == "one\ntwo\n"
+
+
+def test_cancel_deletes_the_job_and_the_worker_refuses_to_start(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/cancel"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    kube.put("pods", pod("p1", run_id, "Running", node="n1"))
+    r = cli("cancel", rd, cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    assert kube.objects("jobs") == [] and kube.objects("pods") == []
+    assert any(
+        "DELETE /apis/batch/v1/namespaces/default/jobs/sb-" in q for q in kube.state()["requests"]
+    )
+    doc = status(work, rd, kube)
+    assert doc["status"] == "cancelled" and doc["cluster"]["state"] == "gone"
+    w = cli("worker", cwd=work, env={**kube.env, "SPOTBOOK_RUN_DIR": rd})
+    assert w.returncode == 2 and "cancelled" in w.stderr
+    again = cli("cancel", rd, cwd=work, env=kube.env)
+    assert again.returncode == 3 and "no Job" in again.stderr
+
+
+def test_status_by_run_id_finds_the_job_on_the_cluster(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/byid"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    doc = json.loads(cli("status", run_id, "--json", cwd=work, env=kube.env).stdout)
+    assert doc["run_dir"] == rd and doc["cluster"]["job"] == f"sb-{run_id}"
+    missing = cli("status", "20200101-000000-000000", cwd=work, env=kube.env)
+    assert missing.returncode == 2 and "no run" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        (
+            {
+                "method": "POST",
+                "path": "/jobs",
+                "status": 403,
+                "times": 1,
+                "message": 'jobs.batch is forbidden: User "tester" cannot create resource "jobs"',
+            },
+            "kubectl auth can-i create jobs",
+        ),
+        (
+            {
+                "method": "POST",
+                "path": "/jobs",
+                "status": 500,
+                "times": 1,
+                "message": "etcdserver: request timed out",
+            },
+            "the API server failed",
+        ),
+        (
+            {
+                "method": "POST",
+                "path": "/jobs",
+                "status": 401,
+                "times": 1,
+                "message": "Unauthorized",
+            },
+            "refresh them",
+        ),
+    ],
+)
+def test_api_errors_on_submit_say_what_to_do(
+    work: Path, kube: FakeKube, fault: dict[str, Any], message: str
+) -> None:
+    kube.fault(**fault)
+    r = cli(*submit_args(f"file://{work}/runs/err"), cwd=work, env=kube.env)
+    assert r.returncode == 3, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_transient_500_on_reads_is_retried(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/retry"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    kube.fault("GET", "/jobs/sb-", 500, times=2)
+    doc = status(work, rd, kube)
+    assert doc["cluster"]["state"] == "pending"
+
+
+def test_unknown_namespace_and_missing_config(work: Path, kube: FakeKube) -> None:
+    r = cli(*submit_args(f"file://{work}/runs/ns", "--namespace", "nope"), cwd=work, env=kube.env)
+    assert r.returncode == 3 and 'namespaces "nope" not found' in r.stderr
+    r = cli(*submit_args(f"file://{work}/runs/ns2", "--context", "fake-ml"), cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    assert [j["metadata"]["namespace"] for j in kube.objects("jobs")] == ["ml"]
+    r = cli(
+        *submit_args(f"file://{work}/runs/none"),
+        cwd=work,
+        env={"KUBECONFIG": str(work / "missing"), "HOME": str(work)},
+    )
+    assert r.returncode == 2 and "KUBECONFIG" in r.stderr
+    assert not (work / "runs" / "none").exists()  # nothing written before the check

@@ -1,0 +1,259 @@
+"""The Job manifest: valid against the Kubernetes OpenAPI schema of the current and the
+previous minor version, and the fields that decide whether a spot run survives."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+from spotbook._errors import UsageError
+from spotbook._job_manifest import (
+    PROVIDERS,
+    JobOptions,
+    build_job,
+    job_name,
+    parse_duration,
+    parse_env,
+    parse_gpu,
+)
+
+from .conftest import cli
+
+VERSIONS = sorted(kv.all_versions(), key=lambda v: tuple(int(x) for x in v.split(".")))
+CURRENT = VERSIONS[-1]
+PREVIOUS = next(v for v in reversed(VERSIONS) if kv.major_minor(v) != kv.major_minor(CURRENT))
+RUN = "20261129-101500-a1b2c3"
+
+
+def job(**kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"run_id": RUN, "run_dir": "gs://bucket/runs/r1", "image": "img:1"}
+    return build_job(JobOptions(**{**base, **kw}))
+
+
+def pod_spec(j: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = j["spec"]["template"]["spec"]
+    return spec
+
+
+def terms(j: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    aff = pod_spec(j).get("affinity")
+    if not aff:
+        return []
+    sel = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [t["matchExpressions"] for t in sel["nodeSelectorTerms"]]
+
+
+def tolerations(j: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["key"]: t for t in pod_spec(j)["tolerations"]}
+
+
+CASES = [
+    pytest.param(dict(provider=p, spot=spot, gpu_type=g, gpu_count=n), id=f"{p}-{s}-{i}")
+    for p in PROVIDERS
+    for spot, s in ((True, "spot"), (False, "ondemand"))
+    for g, n, i in ((None, 0, "cpu"), ("nvidia-l4", 2, "gpu"))
+]
+
+
+@pytest.mark.parametrize("version", [CURRENT, PREVIOUS])
+@pytest.mark.parametrize("kw", CASES)
+def test_every_manifest_validates_strictly(kw: dict[str, Any], version: str) -> None:
+    j = job(cpu="4", memory="16Gi", queue="team-a", deadline_seconds=3600, env=(("A", "1"),), **kw)
+    kv.validate(j, version, strict=True)  # raises on any schema violation
+
+
+def test_the_validator_does_reject_a_bad_manifest() -> None:
+    bad = copy.deepcopy(job())
+    pod_spec(bad)["restartPolicy"] = 7  # wrong type
+    with pytest.raises(Exception, match=r"restartPolicy|is not of type"):
+        kv.validate(bad, CURRENT, strict=True)
+    unknown = copy.deepcopy(job())
+    unknown["spec"]["backofLimit"] = 3  # a typo: strict validation catches it
+    with pytest.raises(Exception, match=r"backofLimit|Additional properties"):
+        kv.validate(unknown, CURRENT, strict=True)
+
+
+def test_failure_policy_retries_preemption_and_fails_fast_on_real_errors() -> None:
+    j = job()
+    spec = j["spec"]
+    assert pod_spec(j)["restartPolicy"] == "Never"
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert 1 <= spec["backoffLimit"] <= 6
+    ignore, fail = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert fail["action"] == "FailJob"
+    assert fail["onExitCodes"] == {
+        "containerName": "notebook",
+        "operator": "In",
+        "values": [1, 2, 4, 5],
+    }
+    # 3 (storage) and 75 (SIGTERM without a DisruptionTarget) count against backoffLimit
+    assert 3 not in fail["onExitCodes"]["values"] and 75 not in fail["onExitCodes"]["values"]
+    assert spec["ttlSecondsAfterFinished"] == 7 * 24 * 3600
+    assert "activeDeadlineSeconds" not in spec
+    assert job(deadline_seconds=7200, ttl_seconds=60)["spec"]["activeDeadlineSeconds"] == 7200
+
+
+def test_gke_spot_gpu() -> None:
+    j = job(provider="gke", gpu_type="nvidia-l4", gpu_count=1)
+    assert terms(j) == [
+        [
+            {"key": "cloud.google.com/gke-spot", "operator": "In", "values": ["true"]},
+            {"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": ["nvidia-l4"]},
+        ],
+        [
+            {"key": "cloud.google.com/gke-preemptible", "operator": "In", "values": ["true"]},
+            {"key": "cloud.google.com/gke-accelerator", "operator": "In", "values": ["nvidia-l4"]},
+        ],
+    ]
+    tol = tolerations(j)
+    assert tol["cloud.google.com/gke-spot"] == {
+        "key": "cloud.google.com/gke-spot",
+        "operator": "Equal",
+        "value": "true",
+        "effect": "NoSchedule",
+    }
+    assert tol["nvidia.com/gpu"]["operator"] == "Exists"
+    assert pod_spec(j)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # GKE gives a pod ~15 s of the 30 s notice: the grace period stays inside the notice
+    assert pod_spec(j)["terminationGracePeriodSeconds"] <= 30
+
+
+def test_node_loss_is_noticed_in_a_minute() -> None:
+    tol = tolerations(job())
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"):
+        assert tol[key]["effect"] == "NoExecute" and tol[key]["tolerationSeconds"] == 60
+
+
+def test_eks_spot_selects_managed_groups_or_karpenter() -> None:
+    j = job(provider="eks")
+    assert [t[0] for t in terms(j)] == [
+        {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["SPOT"]},
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
+    ]
+    assert pod_spec(j)["terminationGracePeriodSeconds"] > 60  # AWS gives 2 minutes
+
+
+def test_aks_spot_tolerates_the_spot_taint() -> None:
+    j = job(provider="aks")
+    assert terms(j) == [
+        [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In", "values": ["spot"]}]
+    ]
+    assert tolerations(j)["kubernetes.azure.com/scalesetpriority"]["value"] == "spot"
+
+
+@pytest.mark.parametrize("provider", ["gke", "eks", "aks"])
+def test_on_demand_avoids_spot_nodes_and_does_not_tolerate_them(provider: str) -> None:
+    j = job(provider=provider, spot=False)
+    (only,) = terms(j)
+    assert all(e["operator"] == "NotIn" for e in only)
+    spot_keys = {k for k, _ in PROVIDERS[provider].spot_taints}
+    assert not spot_keys & set(tolerations(j))
+
+
+def test_cpu_only_job_has_no_gpu_limit_or_toleration() -> None:
+    j = job()
+    assert "nvidia.com/gpu" not in tolerations(j)
+    assert "resources" not in pod_spec(j)["containers"][0]
+
+
+def test_labels_env_queue_and_identity() -> None:
+    j = job(
+        queue="team-a",
+        service_account="nb-runner",
+        env=(("WANDB_MODE", "offline"),),
+        namespace="ml",
+        memory="8Gi",
+        cpu="2",
+    )
+    assert j["metadata"]["name"] == job_name(RUN) == f"sb-{RUN}"
+    assert j["metadata"]["namespace"] == "ml"
+    assert j["metadata"]["labels"]["spotbook.dev/run-id"] == RUN
+    assert j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert j["spec"]["template"]["metadata"]["labels"]["spotbook.dev/run-id"] == RUN
+    assert j["metadata"]["annotations"]["spotbook.dev/run-dir"] == "gs://bucket/runs/r1"
+    spec = pod_spec(j)
+    assert spec["serviceAccountName"] == "nb-runner"
+    c = spec["containers"][0]
+    assert c["command"] == ["spotbook", "worker"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["SPOTBOOK_RUN_DIR"]["value"] == "gs://bucket/runs/r1"
+    assert env["SPOTBOOK_IMAGE"]["value"] == "img:1"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["WANDB_MODE"]["value"] == "offline"
+    assert c["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"memory": "8Gi"},
+    }
+
+
+def test_flag_parsers() -> None:
+    assert parse_gpu("nvidia-l4") == ("nvidia-l4", 1)
+    assert parse_gpu("nvidia-tesla-t4:4") == ("nvidia-tesla-t4", 4)
+    assert parse_gpu("2") == (None, 2)
+    assert parse_gpu(None) == (None, 0)
+    for bad in ("nvidia-l4:x", "nvidia-l4:0", "NVIDIA L4"):
+        with pytest.raises(UsageError):
+            parse_gpu(bad)
+    assert parse_duration("90", "--ttl") == 90
+    assert parse_duration("15m", "--ttl") == 900
+    assert parse_duration("2d", "--ttl") == 172800
+    with pytest.raises(UsageError, match="--deadline"):
+        parse_duration("soon", "--deadline")
+    assert parse_env(["A=1", "B=x=y"]) == (("A", "1"), ("B", "x=y"))
+    with pytest.raises(UsageError):
+        parse_env(["novalue"])
+    with pytest.raises(UsageError, match="--provider"):
+        job(provider="gcp")
+    with pytest.raises(UsageError, match="namespace"):
+        job(namespace="Bad_NS")
+
+
+def test_submit_dry_run_prints_valid_yaml_and_json(work: Path) -> None:
+    args = [
+        "submit",
+        "params.ipynb",
+        "--run-dir",
+        "gs://b/runs/x",
+        "--image",
+        "img:1",
+        "--gpu",
+        "nvidia-l4",
+        "-p",
+        "alpha",
+        "0.5",
+        "--namespace",
+        "ml",
+        "--dry-run",
+    ]
+    r = cli(*args, cwd=work, env={"KUBECONFIG": str(work / "none")})
+    assert r.returncode == 0, r.stderr
+    manifest = yaml.safe_load(r.stdout)
+    kv.validate(manifest, CURRENT, strict=True)
+    assert manifest["metadata"]["namespace"] == "ml"
+    r = cli(*args, "-o", "json", cwd=work)
+    assert json.loads(r.stdout)["kind"] == "Job"
+    assert not (work / ".spotbook").exists()  # nothing written anywhere
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--run-dir", "runs/local"], "bucket the pods can reach"),
+        (["--run-dir", "gs://b/r", "--gpu", "nvidia-l4:zero"], "COUNT"),
+        (["--run-dir", "gs://b/r", "--ttl", "forever"], "--ttl"),
+        (["out.ipynb", "--run-dir", "gs://b/r"], "local path"),
+        (["--run-dir", "gs://b/r", "-p", "alpha"], "expected 2 arguments"),
+    ],
+)
+def test_submit_usage_errors_exit_2(work: Path, extra: list[str], message: str) -> None:
+    r = cli("submit", "params.ipynb", *extra, "--image", "img", "--dry-run", cwd=work)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
