@@ -155,7 +155,7 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/version":
             return self._send(200, {"major": "1", "minor": "37", "gitVersion": "v1.37.0"})
         kind, ns, name, sub = _parse(url.path)
-        if kind not in ("jobs", "pods"):
+        if kind not in ("jobs", "pods", "nodes"):
             return self._send(
                 404, _status(404, "NotFound", f"the server could not find {url.path}")
             )
@@ -318,8 +318,9 @@ class Handler(BaseHTTPRequestHandler):
             if what == "put":
                 kind, obj = body["kind"], body["object"]
                 meta = obj["metadata"]
-                meta.setdefault("namespace", "default")
-                key = f"{kind}/{meta['namespace']}/{meta['name']}"
+                if kind != "nodes":  # nodes belong to no namespace
+                    meta.setdefault("namespace", "default")
+                key = f"{kind}/{meta.get('namespace')}/{meta['name']}"
                 old = STATE["objects"].get(key)
                 if old is None:
                     meta.setdefault("uid", str(uuid.uuid4()))

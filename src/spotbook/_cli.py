@@ -7,6 +7,7 @@ import datetime
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -200,6 +201,51 @@ def _add_submit_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_plan_flags(p: argparse.ArgumentParser, provider: str) -> None:
+    from ._cloud_plans import KSA_DEFAULT
+
+    if provider == "gke":
+        p.add_argument("--project", help="Google Cloud project")
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--zone", dest="location", help="e.g. us-central1-a (zonal cluster)")
+        where.add_argument("--region", dest="location", help="e.g. us-central1 (regional)")
+    elif provider == "eks":
+        p.add_argument("--region", dest="location", help="AWS region, e.g. us-west-2")
+    else:
+        p.add_argument("--resource-group", dest="project", help="Azure resource group")
+        p.add_argument("--location", help="Azure region, e.g. eastus")
+    p.add_argument("--cluster", default="spotbook", help="cluster name (default spotbook)")
+    default_gpu = {"gke": "nvidia-l4", "eks": "nvidia-l4", "aks": "nvidia-tesla-t4"}[provider]
+    p.add_argument(
+        "--gpu",
+        default=default_gpu,
+        metavar="TYPE[:COUNT]",
+        help=f"GPU type and count per node (default {default_gpu})",
+    )
+    p.add_argument("--machine-type", help="GPU node machine type (default: one for the GPU)")
+    p.add_argument("--system-machine-type", help="system pool machine type")
+    p.add_argument("--max-nodes", type=int, default=4, help="GPU pool autoscaling limit")
+    p.add_argument("--bucket", help="bucket (storage account on AKS) for run stores")
+    p.add_argument("--namespace", default="default", help="where runs' pods go")
+    p.add_argument("--service-account", default=KSA_DEFAULT, help="the pods' service account")
+    p.add_argument("-o", "--output-format", choices=["text", "json"], default="text")
+    if provider == "gke":
+        p.add_argument("--yes", action="store_true", help="up/down: run without asking")
+        p.add_argument(
+            "--from",
+            dest="start",
+            type=int,
+            default=1,
+            metavar="N",
+            help="up/down: start at step N (after fixing a failed step)",
+        )
+        p.add_argument(
+            "--delete-bucket",
+            action="store_true",
+            help="down: also delete the bucket and every run in it",
+        )
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--grace",
@@ -246,6 +292,42 @@ def build_parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("cancel", help="stop a submitted run: delete its Job (progress is kept)")
     cn.add_argument("run", metavar="RUN", help="run id or run store URL")
     _add_cluster_flags(cn)
+    dr = sub.add_parser(
+        "drill",
+        help="preempt a running run on purpose and report how it recovered",
+        description="Local runs: SIGTERM to the runner (SIGKILL after its grace), then "
+        "resume here. Submitted runs: evict the pod through the Eviction API (as a drain or "
+        "the autoscaler would), or on GKE simulate a maintenance event on its node; then "
+        "follow the run until it runs new cells again and print the downtime report.",
+    )
+    dr.add_argument("run", metavar="RUN", help="run id or run store URL")
+    dr.add_argument(
+        "--how",
+        choices=["evict", "maintenance"],
+        default="evict",
+        help="submitted runs: Eviction API (any cluster) or GKE maintenance event",
+    )
+    dr.add_argument(
+        "--yes",
+        action="store_true",
+        help="maintenance: run the gcloud command instead of printing it",
+    )
+    dr.add_argument("--no-resume", action="store_true", help="local runs: only stop it")
+    dr.add_argument(
+        "--timeout", type=float, default=1800.0, metavar="S", help="how long to follow the recovery"
+    )
+    dr.add_argument("--log-output", action="store_true")
+    dr.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=False)
+    _add_cluster_flags(dr)
+    _add_common(dr)
+    for provider, verbs in (
+        ("gke", ("plan", "up", "down")),
+        ("eks", ("plan",)),
+        ("aks", ("plan",)),
+    ):
+        pp = sub.add_parser(provider, help=f"{provider.upper()} cluster setup for spot GPU runs")
+        pp.add_argument("verb", choices=verbs, help="plan: print the commands; up/down: run them")
+        _add_plan_flags(pp, provider)
     runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
     runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
     runs.add_argument("-A", "--all-namespaces", action="store_true")
@@ -483,6 +565,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             "job": name,
             "provider": args.provider,
             "image": args.image,
+            "gpu_count": gpu_count,
             "submitted": time.time(),
         },
     )
@@ -638,6 +721,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for v in cluster["pods"]:
             print(f"  {describe_pod(v)}")
     print(f"attempts {len(doc['attempts'])}, preemptions {doc['preemptions']}")
+    _print_downtime(doc["downtime"])
     for a in doc["attempts"]:
         extra = ""
         if a.get("replayed") is not None:
@@ -651,6 +735,38 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for line in _attempt_details(a):
             print(f"      {line}")
     return 0
+
+
+def _clock(ts: float | None) -> str:
+    if not ts:
+        return "?"
+    return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-4]
+
+
+def _print_downtime(report: dict[str, Any]) -> None:
+    """The downtime report: what each preemption cost and the run's totals."""
+    for e in report["preemptions"]:
+        sp = e["split"]
+        stop = _clock(e["stopped_at"]) if e["stopped_at"] else "unknown (no notice)"
+        print(
+            f"preemption attempt {e['attempt']} → {e['next_attempt']} ({e['how']} on "
+            f"{e['node']}): last progress {_clock(e['last_progress_at'])}, stopped {stop}, "
+            f"next started {_clock(e['next_started_at'])}, new cells from "
+            f"{_clock(e['running_new_cells_at'])}"
+        )
+        print(
+            f"  gap {e['gap_seconds']:.2f} s = {sp['until_stopped']:.2f} s until stopped + "
+            f"{sp['scheduling_and_node']:.2f} s scheduling/node + "
+            f"{sp['image_and_kernel_start']:.2f} s image/kernel start + "
+            f"{sp['state_restore']:.2f} s state restore; redone {e['redone_seconds']:.2f} s"
+        )
+    t = report["totals"]
+    if t["preemptions"] or t["gpu_seconds"]:
+        print(
+            f"totals   {t['attempt_seconds']:.1f} s in attempts, {t['gpu_seconds']:.1f} "
+            f"GPU-seconds, {t['wasted_seconds']:.1f} s wasted, {t['downtime_seconds']:.1f} s "
+            f"down over {t['preemptions']} preemptions"
+        )
 
 
 def _attempt_details(a: dict[str, Any]) -> list[str]:
@@ -717,6 +833,208 @@ def _cluster_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(line: str) -> None:
+    print(f"spotbook: {line}", file=sys.stderr, flush=True)
+
+
+def _cmd_drill(args: argparse.Namespace) -> int:
+    store = _open_run(args)
+    run = store.require_run()
+    record = store.read_json(JOB_RECORD)
+    attempts = store.attempts()
+    last = max((int(a.get("attempt") or 0) for a in attempts), default=0)
+    if record is not None:
+        _drill_cluster(store, run, record, args)
+        return _report_recovery(store, last, args.timeout, None)
+    took = _drill_local(store, run, attempts, args)
+    if args.no_resume:
+        return 0
+    _say("resuming, as the Job controller would")
+    _run_runner(store, args)
+    return _report_recovery(store, last, 0.0, took)
+
+
+def _drill_local(
+    store: RunStore, run: dict[str, Any], attempts: list[dict[str, Any]], args: argparse.Namespace
+) -> float:
+    import signal
+    import socket
+
+    from ._runner import SAVE_BUDGET
+    from ._status import alive
+
+    current = attempts[-1] if attempts else {}
+    pid = int(current.get("pid") or 0)
+    if (
+        current.get("outcome") != "running"
+        or current.get("host") != socket.gethostname()
+        or not pid
+        or not alive(pid)
+    ):
+        raise UsageError(
+            f"run {run['spec']['run_id']} is not running on this machine (status "
+            f"{run.get('status')}); start it with `spotbook run` or `spotbook resume`, then drill"
+        )
+    grace = float((run["spec"].get("limits") or {}).get("grace", Limits().grace))
+    n = int(current["attempt"])
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    _say(f"sent SIGTERM to the runner (pid {pid}, attempt {n})")
+    budget = grace + SAVE_BUDGET + 5.0
+
+    def running() -> bool:
+        rec = store.read_json(f"attempts/{n:04d}.json") or {}
+        return alive(pid) and rec.get("outcome") == "running"
+
+    while running() and time.monotonic() - t0 < budget:
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    if running():
+        os.kill(pid, signal.SIGKILL)
+        _say(f"the runner did not stop within {budget:.0f} s: sent SIGKILL")
+    else:
+        _say(f"the runner stopped {took:.2f} s after the notice")
+    return took
+
+
+def _drill_cluster(
+    store: RunStore, run: dict[str, Any], record: dict[str, Any], args: argparse.Namespace
+) -> None:
+    import subprocess
+
+    from ._jobs import pod_view
+
+    run_id = run["spec"]["run_id"]
+    cluster = _cluster_for(args, record)
+    views = [pod_view(p) for p in cluster.pods(run_id)]
+    live = [v for v in views if v["state"] == "running"]
+    if not live:
+        states = ", ".join(f"{v['name']} {v['state']}" for v in views) or "no pods"
+        raise UsageError(f"run {run_id} has no running pod to disrupt ({states})")
+    pod = live[-1]
+    if args.how == "evict":
+        cluster.evict(pod["name"])
+        _say(f"evicted pod {pod['name']} on {pod['node']} through the Eviction API")
+        return
+    zone = cluster.node_zone(pod["node"]) or "ZONE"
+    cmd = [
+        "gcloud",
+        "compute",
+        "instances",
+        "simulate-maintenance-event",
+        pod["node"],
+        f"--zone={zone}",
+    ]
+    print(shlex.join(cmd))
+    if not args.yes:
+        raise _DrillNotRun("printed the command above; run it (or pass --yes) to cause the event")
+    if subprocess.run(cmd, check=False).returncode != 0:
+        raise _PlanStepError(f"`{shlex.join(cmd)}` failed; see its message above")
+
+
+class _DrillNotRun(SpotbookError):
+    """Nothing was disrupted: the command to do it was printed (exit 0)."""
+
+
+def _report_recovery(store: RunStore, before: int, timeout: float, stopped_in: float | None) -> int:
+    """Wait until an attempt after ``before`` runs new cells (or the run ends); report."""
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        doc = describe(store)
+        events = [e for e in doc["downtime"]["preemptions"] if e["attempt"] >= before]
+        done = doc["status"] in ("succeeded", "failed", "cancelled")
+        if events or done or time.monotonic() > deadline:
+            break
+        if not told:
+            _say("following the run until it runs new cells again")
+            told = True
+        time.sleep(1.0)
+    if not events:
+        if done:
+            _say(f"the run {doc['status']} without another attempt; nothing to report")
+            return 0
+        raise _PlanStepError(
+            f"no new attempt of the run within {timeout:.0f} s; see `spotbook status {store.url}`"
+        )
+    event = events[0]
+    if stopped_in is not None:
+        event["sigterm_to_exit_seconds"] = round(stopped_in, 3)
+    _print_downtime({"preemptions": [event], "totals": {"preemptions": 0, "gpu_seconds": 0}})
+    print(json.dumps({"drill": event}, indent=2))
+    return 0
+
+
+def _cmd_cluster_plan(args: argparse.Namespace) -> int:
+    from . import _cloud_plans as plans
+    from ._job_manifest import parse_gpu
+
+    gpu, count = parse_gpu(args.gpu)
+    opts = plans.PlanOptions(
+        cluster=args.cluster,
+        location=args.location or "",
+        project=getattr(args, "project", None) or "",
+        gpu=gpu or plans.PlanOptions().gpu,
+        gpu_count=count or 1,
+        machine_type=args.machine_type,
+        system_machine_type=args.system_machine_type,
+        max_nodes=args.max_nodes,
+        bucket=args.bucket or "",
+        namespace=args.namespace,
+        service_account=args.service_account,
+    )
+    provider = args.command
+    if args.verb == "down":
+        steps = plans.gke_down(opts, delete_bucket=args.delete_bucket)
+    else:
+        steps = {"gke": plans.gke_plan, "eks": plans.eks_plan, "aks": plans.aks_plan}[provider](
+            opts
+        )
+    scheme = {"gke": "gs", "eks": "s3", "aks": "az"}[provider]
+    hint = None if args.verb == "down" else plans.submit_hint(opts, provider, scheme)
+    if args.output_format == "json":
+        print(plans.to_json(steps))
+    else:
+        print(plans.render(steps, hint), end="")
+    if args.verb == "plan":
+        return 0
+    return _run_plan(steps, args)
+
+
+def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
+    import subprocess
+
+    todo = list(enumerate(steps, 1))[args.start - 1 :]
+    if not todo:
+        raise UsageError(f"--from {args.start}: the plan has {len(steps)} steps")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("not a terminal to confirm on: review the plan, then pass --yes")
+        answer = input(f"Run steps {todo[0][0]}-{todo[-1][0]} above? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("spotbook: nothing was run", file=sys.stderr)
+            return 0
+    for n, step in todo:
+        print(f"spotbook: step {n}/{len(steps)}: {step.what}", file=sys.stderr, flush=True)
+        try:
+            proc = subprocess.run(list(step.argv), input=step.stdin, text=True, check=False)
+            code = proc.returncode
+        except FileNotFoundError:
+            code = 127
+        if code != 0:
+            raise _PlanStepError(
+                f"step {n} failed (exit {code}): {shlex.join(step.argv)}; fix the cause and "
+                f"continue with `spotbook {args.command} {args.verb} ... --from {n}`"
+                + (f" (steps 1-{n - 1} are done)" if n > 1 else "")
+            )
+    print(f"spotbook: all {len(steps)} steps done", file=sys.stderr)
+    return 0
+
+
+class _PlanStepError(StorageError):
+    """A cloud command of the plan failed (exit 3: fix and continue)."""
+
+
 COMMANDS = {
     "run": _cmd_run,
     "resume": _cmd_resume,
@@ -726,6 +1044,10 @@ COMMANDS = {
     "submit": _cmd_submit,
     "logs": _cmd_logs,
     "cancel": _cmd_cancel,
+    "drill": _cmd_drill,
+    "gke": _cmd_cluster_plan,
+    "eks": _cmd_cluster_plan,
+    "aks": _cmd_cluster_plan,
 }
 
 
@@ -740,6 +1062,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("google.auth").setLevel(logging.ERROR)
     try:
         return COMMANDS[args.command](args)
+    except _DrillNotRun as exc:
+        print(f"spotbook: {exc}", file=sys.stderr)
+        return 0
     except SpotbookError as exc:
         code = exit_code(exc)
         prefix = "" if isinstance(exc, Terminated) else "error: "

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from typing import Any
 
 # Environment variables the Job manifest sets from the downward API (and the image).
@@ -20,9 +21,24 @@ POD_ENV = {
 _GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "uuid")
 
 
+def process_started() -> float | None:
+    """When this process started (wall clock, ~10 ms), from /proc; None where there is none."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def where() -> dict[str, Any]:
     """Host, pid and the Kubernetes placement, as far as the environment tells."""
     out: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    started = process_started()
+    if started is not None:
+        out["process_started"] = round(started, 3)
     for key, var in POD_ENV.items():
         value = os.environ.get(var)
         if value:

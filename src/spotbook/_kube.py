@@ -193,6 +193,17 @@ class Cluster:
             retry=False,
         )
 
+    def node_zone(self, node: str) -> str | None:
+        """The zone label of a node (for GKE's simulate-maintenance-event)."""
+        from lightkube.resources.core_v1 import Node
+
+        obj = self._call(f"get node {node}", lambda: self.client.get(Node, node))
+        labels = (obj.metadata.labels if obj.metadata else None) or {}
+        zone: str | None = labels.get("topology.kubernetes.io/zone") or labels.get(
+            "failure-domain.beta.kubernetes.io/zone"
+        )
+        return zone
+
     def logs(self, pod: str, follow: bool = False) -> Iterator[str]:
         def stream() -> Iterator[str]:
             yield from self.client.log(

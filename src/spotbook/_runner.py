@@ -762,6 +762,7 @@ class Runner:
             replayed=list(plan.replay),
             restore_seconds=round(time.monotonic() - m0, 3),
             redone_seconds=round(redone, 3),
+            resumed_at=self.opts.clock(),  # from here on, cells that were never run
         )
         self.store.update_attempt(self.attempt, self.attempt_rec)
         log.info(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from typing import Any
@@ -11,14 +12,19 @@ from ._models import Outcome, RunSpec, RunStatus
 from ._store import LOCAL_RUNS, RunStore
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie waiting to be reaped does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -30,7 +36,7 @@ def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rec = dict(rec)
         if rec.get("outcome") == Outcome.RUNNING.value:
             later = i < len(real) - 1
-            dead = rec.get("host") == here and rec.get("pid") and not _alive(int(rec["pid"]))
+            dead = rec.get("host") == here and rec.get("pid") and not alive(int(rec["pid"]))
             if later or dead:
                 rec["outcome"] = Outcome.KILLED.value
         out.append(rec)
@@ -86,6 +92,8 @@ def describe(store: RunStore) -> dict[str, Any]:
                     "replayed",
                     "unrestored",
                     "kernel_start_seconds",
+                    "process_started",
+                    "resumed_at",
                     "restore_seconds",
                     "redone_seconds",
                     "checkpoint_restored_bytes",
@@ -99,6 +107,8 @@ def describe(store: RunStore) -> dict[str, Any]:
         ],
         "preemptions": sum(1 for a in attempts if a.get("outcome") in ("preempted", "killed")),
     }
+    job = store.read_json("job.json") or {}
+    doc["downtime"] = downtime(attempts, records, gpus=int(job.get("gpu_count") or 0))
     if failing is not None:
         doc["failing_cell"] = {
             "index": failing["index"],
@@ -106,6 +116,85 @@ def describe(store: RunStore) -> dict[str, Any]:
             **(failing.get("error") or {}),
         }
     return doc
+
+
+def _r(x: float) -> float:
+    return round(x, 3)
+
+
+def downtime(
+    attempts: list[dict[str, Any]], records: dict[int, dict[str, Any]], gpus: int = 0
+) -> dict[str, Any]:
+    """What each preemption cost, from the attempts and cell records alone.
+
+    For an interrupted attempt A and the attempt B after it, on one time line:
+    ``last_progress`` (A's last committed cell), ``stopped`` (A ended; unknown when it was
+    killed without notice, then taken as last_progress), ``next_started`` (B's process
+    started), ``kernel_ready`` and ``running_new_cells`` (B restored its state and went on
+    with cells never run). The gap between the first and the last is split into those
+    four stretches; ``redone_seconds`` is finished compute B ran again to rebuild state.
+    """
+    ends: dict[int, float] = {}
+    for rec in records.values():
+        n = int(rec.get("attempt") or 0)
+        ends[n] = max(ends.get(n, 0.0), float(rec.get("end") or 0.0))
+    real = [a for a in attempts if a.get("outcome") != "restart" and a.get("started")]
+    events: list[dict[str, Any]] = []
+    for a, b in itertools.pairwise(real):
+        if a.get("outcome") not in ("preempted", "killed"):
+            continue
+        t0 = max(ends.get(int(a["attempt"]), 0.0), float(a.get("resumed_at") or a["started"]))
+        known = a.get("outcome") == "preempted" and a.get("ended") is not None
+        t1 = max(float(a["ended"]), t0) if known else t0
+        t2 = max(float(b.get("process_started") or b["started"]), t1)
+        t3 = max(float(b["started"]) + float(b.get("kernel_start_seconds") or 0.0), t2)
+        t4 = max(float(b.get("resumed_at") or t3), t3)
+        events.append(
+            {
+                "attempt": a["attempt"],
+                "next_attempt": b["attempt"],
+                "how": a["outcome"],
+                "node": a.get("node") or a.get("host"),
+                "next_node": b.get("node") or b.get("host"),
+                "last_progress_at": _r(t0),
+                "stopped_at": _r(t1) if known else None,
+                "next_started_at": _r(t2),
+                "kernel_ready_at": _r(t3),
+                "running_new_cells_at": _r(t4),
+                "gap_seconds": _r(t4 - t0),
+                "split": {
+                    "until_stopped": _r(t1 - t0),
+                    "scheduling_and_node": _r(t2 - t1),
+                    "image_and_kernel_start": _r(t3 - t2),
+                    "state_restore": _r(t4 - t3),
+                },
+                "redone_seconds": _r(float(b.get("redone_seconds") or 0.0)),
+                "restored_bytes": b.get("restored_bytes", 0),
+            }
+        )
+    compute = 0.0
+    gpu_seconds = 0.0
+    for a in real:
+        end = a.get("ended") or max(ends.get(int(a["attempt"]), 0.0), float(a["started"]))
+        span = max(float(end) - float(a.get("process_started") or a["started"]), 0.0)
+        compute += span
+        gpu_seconds += span * (len(a["gpus"]) if a.get("gpus") else gpus)
+    wasted = sum(
+        e["split"]["until_stopped"]
+        + e["split"]["image_and_kernel_start"]
+        + e["split"]["state_restore"]
+        for e in events
+    )
+    return {
+        "preemptions": events,
+        "totals": {
+            "preemptions": len(events),
+            "attempt_seconds": _r(compute),
+            "gpu_seconds": _r(gpu_seconds),
+            "wasted_seconds": _r(wasted),
+            "downtime_seconds": _r(sum(e["gap_seconds"] for e in events)),
+        },
+    }
 
 
 def local_runs(base: str = ".") -> list[dict[str, Any]]:

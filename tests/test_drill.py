@@ -1,0 +1,158 @@
+"""Preemption drills and the downtime report: locally against a real runner process, and
+on a "cluster" (the fake API server, with real worker processes as pods)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotbook._store import RunStore
+
+from .conftest import cells_committed, cli, kill, start_cli, wait_for
+from .servers import FakeKube
+from .test_cluster import pod, submit_args, terminated, worker
+
+pytestmark = pytest.mark.slow
+EPS = 0.05  # seconds: clocks of two processes read at different instants
+
+
+def check_consistent(event: dict[str, Any], attempts: list[dict[str, Any]]) -> None:
+    """The report's instants are ordered, its split adds up, and it matches the attempts."""
+    order = ["last_progress_at", "next_started_at", "kernel_ready_at", "running_new_cells_at"]
+    times = [event[k] for k in order]
+    assert times == sorted(times), event
+    if event["stopped_at"] is not None:
+        assert event["last_progress_at"] <= event["stopped_at"] <= event["next_started_at"]
+    assert abs(sum(event["split"].values()) - event["gap_seconds"]) < 0.01
+    before = next(a for a in attempts if a["attempt"] == event["attempt"])
+    after = next(a for a in attempts if a["attempt"] == event["next_attempt"])
+    assert before["started"] - EPS <= event["last_progress_at"] <= after["started"] + EPS
+    assert event["next_started_at"] <= after["started"] + EPS
+    assert abs(event["running_new_cells_at"] - after["resumed_at"]) < 0.01
+    assert event["split"]["state_restore"] >= 0 and event["redone_seconds"] >= 0
+
+
+def test_local_drill_sigterms_resumes_and_reports(work: Path) -> None:
+    rd = work / "rd"
+    runner = start_cli("run", "sleepy.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    wait_for(lambda: cells_committed(rd) >= 3, what="3 cells")
+    r = cli("drill", "rd", cwd=work)
+    code, err = kill(runner, signal.SIGKILL)  # already gone: collect its exit status
+    assert code == 75, err  # it stopped on the drill's SIGTERM
+    assert r.returncode == 0, r.stderr
+    assert "sent SIGTERM to the runner" in r.stderr and "resuming" in r.stderr
+    drill = json.loads(r.stdout[r.stdout.index("{") :])["drill"]
+    assert drill["how"] == "preempted" and drill["sigterm_to_exit_seconds"] < 10
+    doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
+    assert doc["status"] == "succeeded" and doc["cells_done"] == 9
+    (event,) = doc["downtime"]["preemptions"]
+    check_consistent(event, doc["attempts"])
+    assert event == {k: v for k, v in drill.items() if k != "sigterm_to_exit_seconds"}
+    totals = doc["downtime"]["totals"]
+    assert totals["preemptions"] == 1
+    assert totals["wasted_seconds"] <= totals["attempt_seconds"]
+    text = cli("status", "rd", cwd=work).stdout
+    assert "preemption attempt 1 → 2 (preempted" in text and "state restore" in text
+
+
+def test_downtime_of_a_run_killed_without_notice(work: Path) -> None:
+    rd = work / "rd"
+    runner = start_cli("run", "sleepy.ipynb", "--run-dir", "rd", cwd=work)
+    wait_for(lambda: cells_committed(rd) >= 4, what="4 cells")
+    kill(runner)  # SIGKILL: the node is gone, nothing is saved on the way out
+    assert cli("resume", "rd", cwd=work).returncode == 0
+    doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
+    (event,) = doc["downtime"]["preemptions"]
+    assert event["how"] == "killed" and event["stopped_at"] is None
+    check_consistent(event, doc["attempts"])
+    assert "unknown (no notice)" in cli("status", "rd", cwd=work).stdout
+
+
+def test_drill_refuses_a_run_that_is_not_running(work: Path) -> None:
+    assert cli("run", "sleepy.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
+    r = cli("drill", "rd", cwd=work)
+    assert r.returncode == 2 and "not running on this machine" in r.stderr
+
+
+@pytest.fixture
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKube]:
+    fake = FakeKube(tmp_path_factory.mktemp("kube"))
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/drill"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
+    w1 = worker(work, rd, "p1", "gke-spot-1", kube)
+    wait_for(lambda: len(RunStore(rd).cell_records()) >= 2, timeout=60, what="2 cells")
+
+    drill = start_cli("drill", rd, "--timeout", "120", cwd=work, env=kube.env)
+    wait_for(lambda: kube.state()["evictions"], timeout=60, what="the eviction")
+    assert kube.state()["evictions"] == ["default/p1"]
+    # what the kubelet and the Job controller do after an eviction
+    code, err = kill(w1, signal.SIGTERM)
+    assert code == 75, err
+    kube.put(
+        "pods",
+        pod(
+            "p1",
+            run_id,
+            "Failed",
+            node="gke-spot-1",
+            conditions=[
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+            ],
+            containerStatuses=terminated(75),
+        ),
+    )
+    kube.put("pods", pod("p2", run_id, "Running", node="gke-spot-2"))
+    w2 = worker(work, rd, "p2", "gke-spot-2", kube)
+    out, err = drill.communicate(timeout=120)
+    assert drill.returncode == 0, err
+    assert "evicted pod p1 on gke-spot-1 through the Eviction API" in err
+    event = json.loads(out[out.index("{") :])["drill"]
+    assert (event["node"], event["next_node"]) == ("gke-spot-1", "gke-spot-2")
+    _, err2 = w2.communicate(timeout=120)
+    assert w2.returncode == 0, err2
+    doc = json.loads(cli("status", rd, "--json", cwd=work, env=kube.env).stdout)
+    check_consistent(doc["downtime"]["preemptions"][0], doc["attempts"])
+    assert doc["downtime"]["totals"]["gpu_seconds"] > 0  # the Job asked for one GPU
+
+
+def test_cluster_drill_maintenance_prints_the_gcloud_command(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/maint"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    kube.put(
+        "nodes",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": "gke-spot-1",
+                "labels": {"topology.kubernetes.io/zone": "us-central1-b"},
+            },
+        },
+    )
+    kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
+    r = cli("drill", rd, "--how", "maintenance", cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (
+        "gcloud compute instances simulate-maintenance-event gke-spot-1 --zone=us-central1-b"
+    )
+    assert kube.state()["evictions"] == []
+    kube.put(
+        "pods", pod("p1", run_id, "Succeeded", node="gke-spot-1", containerStatuses=terminated(0))
+    )
+    r = cli("drill", rd, cwd=work, env=kube.env)
+    assert r.returncode == 2 and "no running pod to disrupt (p1 succeeded)" in r.stderr
