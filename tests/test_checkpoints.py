@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import stat
 from pathlib import Path
+
+import pytest
 
 from spotbook._checkpoints import CheckpointDir
 from spotbook._store import RunStore
@@ -96,3 +99,12 @@ def test_attempt_records_gpus_from_nvidia_smi(work: Path) -> None:
     assert attempt["image"] == "img:1"
     text = cli("status", "rd", cwd=work).stdout
     assert "gpus 1: NVIDIA L4 (23034 MiB)" in text and "image img:1" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="opt-in: needs nvidia-smi")
+def test_attempt_records_the_machines_real_gpus(work: Path) -> None:
+    r = cli("run", "params.ipynb", "--run-dir", "rd", cwd=work)
+    assert r.returncode == 0, r.stderr
+    (attempt,) = json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"]
+    assert attempt["gpus"] and all(g["name"] and g["uuid"] for g in attempt["gpus"])

@@ -146,6 +146,9 @@ def test_aks_spot_tolerates_the_spot_taint() -> None:
         [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In", "values": ["spot"]}]
     ]
     assert tolerations(j)["kubernetes.azure.com/scalesetpriority"]["value"] == "spot"
+    with_identity = job(provider="aks", service_account="spotbook-runner")
+    labels = with_identity["spec"]["template"]["metadata"]["labels"]
+    assert labels["azure.workload.identity/use"] == "true"
 
 
 @pytest.mark.parametrize("provider", ["gke", "eks", "aks"])

@@ -244,6 +244,10 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         LABEL_RUN: opts.run_id,
         **opts.extra_labels,
     }
+    pod_labels = dict(labels)
+    if opts.provider == "aks" and opts.service_account:
+        # AKS's workload identity webhook injects the token only into pods that ask
+        pod_labels["azure.workload.identity/use"] = "true"
     job_labels = dict(labels)
     if opts.queue:
         job_labels[LABEL_QUEUE] = opts.queue
@@ -303,7 +307,7 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         },
         "template": {
             "metadata": {
-                "labels": labels,
+                "labels": pod_labels,
                 # the autoscaler must not move a running notebook to save a node
                 "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
             },
