@@ -8,11 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from spotbook._store import RunStore
+
+from .servers import Storage, start_gcs, start_s3
 
 HERE = Path(__file__).parent
 NOTEBOOKS = HERE / "notebooks"
@@ -126,3 +131,69 @@ def marker_runs(work: Path) -> int:
     """How many times state.ipynb's run-once cell ran."""
     path = work / "marker.txt"
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+# -- where run stores live: this disk, or buckets on real servers behind faulty proxies --
+
+# Faults on the requests spotbook makes: enough that every run meets some. gcsfs
+# backs off 1-2 s on its first retry (botocore ~0.1 s), so GCS gets fewer, to keep
+# CI's time.
+RATES = {"s3": {"fail": 0.06, "drop": 0.02, "lost": 0.02}, "gs": {"fail": 0.02, "lost": 0.01}}
+
+
+@pytest.fixture(scope="session")
+def storages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Storage]]:
+    """moto's S3 server and fake-gcs-server, each behind tests/faultproxy.py."""
+    tmp = tmp_path_factory.mktemp("storage")
+    started = {"s3": start_s3(tmp, RATES["s3"]), "gs": start_gcs(tmp, RATES["gs"])}
+    saved = dict(os.environ)
+    for st in started.values():  # this process reads the servers directly
+        os.environ.update(st.direct_env)
+    try:
+        yield started
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for st in started.values():
+            st.stop()
+
+
+@dataclass
+class Place:
+    """A run store for one test: ``rd`` for --run-dir, ``url`` for this process."""
+
+    kind: str  # local, s3 or gs
+    rd: str
+    url: str
+    env: dict[str, str]  # for spotbook processes: the store's endpoint and the test's files
+
+    def store(self) -> RunStore:
+        return RunStore(self.url)
+
+    def committed(self) -> int:
+        return len(self.store().cell_records())
+
+    def sub(self, name: str) -> Place:
+        return Place(self.kind, f"{self.rd}-{name}", f"{self.url}-{name}", self.env)
+
+
+@pytest.fixture(params=["local"])
+def where(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def place(
+    where: str, work: Path, state_env: dict[str, str], request: pytest.FixtureRequest
+) -> Place:
+    if where == "local":
+        return Place("local", "rd", str(work / "rd"), dict(state_env))
+    st: Storage = request.getfixturevalue("storages")[where]
+    rd = f"{st.bucket()}/rd"
+    return Place(where, rd, rd, {**st.env, **state_env})
+
+
+def on(*kinds: str) -> pytest.MarkDecorator:
+    """Run a test with its run store on each of these: local, s3, gs."""
+    return pytest.mark.parametrize("where", kinds, indirect=True)

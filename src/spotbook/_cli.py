@@ -513,6 +513,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         )
     if args.cwd:
         raise UsageError("--cwd is a path on this machine; it has no meaning in the pod")
+    if args.prepare_only:
+        raise UsageError("--prepare-only does not apply to submit; use --dry-run to see the Job")
     gpu_type, gpu_count = parse_gpu(args.gpu)
     job_kwargs: dict[str, Any] = {
         "run_dir": args.run_dir.rstrip("/"),
