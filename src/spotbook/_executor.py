@@ -71,6 +71,35 @@ class _Client(NotebookClient):
         return out
 
 
+REPOLL = 0.5  # seconds: the longest a channel read waits before polling its socket again
+
+
+def _repoll(channel: Any) -> None:
+    """Make a channel's reads wait in short polls instead of one long one.
+
+    Under CPU load, an asyncio wait on a ZeroMQ socket sometimes misses the wake-up
+    for a message that has already arrived (its file descriptor is edge-triggered),
+    and a read without a timeout then waits forever: raw nbclient stalls on
+    nbclient's own Output.ipynb test notebook in half of its runs on a loaded
+    2-core machine, and only its cell timeout ends the stall. Polling again every
+    ``REPOLL`` seconds asks the socket itself, which finds the message.
+    """
+    read = channel.get_msg
+
+    async def get_msg(timeout: float | None = None) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = REPOLL if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                return await read(timeout=min(REPOLL, left))
+            except Empty:
+                if deadline is not None and loop.time() >= deadline:
+                    raise
+
+    channel.get_msg = get_msg
+
+
 class KernelSession:
     """A started kernel and a client to it."""
 
@@ -127,6 +156,8 @@ class KernelSession:
             raise KernelStartError(f"cannot start kernel {self._kernel_name!r}: {exc}") from exc
         try:
             await client.async_start_new_kernel_client()
+            for channel in (self._kc.shell_channel, self._kc.iopub_channel):
+                _repoll(channel)
         except RuntimeError as exc:
             raise KernelStartError(
                 f"kernel {self._kernel_name!r} did not answer within the start timeout "
