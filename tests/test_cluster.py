@@ -79,6 +79,14 @@ def terminated(code: int) -> list[dict[str, Any]]:
     ]
 
 
+def disrupted(name: str, run_id: str, node: str, reason: str) -> dict[str, Any]:
+    """A pod that stopped with exit 75 and the DisruptionTarget condition."""
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": reason}
+    return pod(
+        name, run_id, "Failed", node=node, conditions=[condition], containerStatuses=terminated(75)
+    )
+
+
 def worker(work: Path, rd: str, pod_name: str, node: str, kube: FakeKube) -> subprocess.Popen:
     return start_cli(
         "worker",
@@ -160,24 +168,7 @@ def test_preempted_pod_is_replaced_and_wait_reports_it(work: Path, kube: FakeKub
     # a DisruptionTarget condition, which the Job's policy ignores
     code, err = kill(w1, signal.SIGTERM)
     assert code == 75, err
-    kube.put(
-        "pods",
-        pod(
-            "p1",
-            run_id,
-            "Failed",
-            node="gke-spot-1",
-            conditions=[
-                {
-                    "type": "DisruptionTarget",
-                    "status": "True",
-                    "reason": "TerminationByKubelet",
-                    "message": "node shutdown",
-                }
-            ],
-            containerStatuses=terminated(75),
-        ),
-    )
+    kube.put("pods", disrupted("p1", run_id, "gke-spot-1", "TerminationByKubelet"))
     kube.set_status("jobs", "default", job, {"active": 0})
     doc = status(work, rd, kube)
     assert doc["status"] == "retrying"

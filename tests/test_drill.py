@@ -15,7 +15,7 @@ from spotbook._store import RunStore
 
 from .conftest import cells_committed, cli, kill, start_cli, wait_for
 from .servers import FakeKube
-from .test_cluster import pod, submit_args, terminated, worker
+from .test_cluster import disrupted, pod, submit_args, terminated, worker
 
 pytestmark = pytest.mark.slow
 EPS = 0.05  # seconds: clocks of two processes read at different instants
@@ -102,19 +102,7 @@ def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube:
     # what the kubelet and the Job controller do after an eviction
     code, err = kill(w1, signal.SIGTERM)
     assert code == 75, err
-    kube.put(
-        "pods",
-        pod(
-            "p1",
-            run_id,
-            "Failed",
-            node="gke-spot-1",
-            conditions=[
-                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
-            ],
-            containerStatuses=terminated(75),
-        ),
-    )
+    kube.put("pods", disrupted("p1", run_id, "gke-spot-1", "EvictionByEvictionAPI"))
     kube.put("pods", pod("p2", run_id, "Running", node="gke-spot-2"))
     w2 = worker(work, rd, "p2", "gke-spot-2", kube)
     out, err = drill.communicate(timeout=120)

@@ -87,6 +87,33 @@ def _gsa(o: PlanOptions) -> str:
     return f"{o.service_account}@{o.project}.iam.gserviceaccount.com"
 
 
+def _service_account_steps(o: PlanOptions, tied_to: str, annotation: str) -> list[Step]:
+    """Create the pods' Kubernetes service account and tie it to a cloud identity."""
+    return [
+        Step(
+            "Create the Kubernetes service account",
+            (
+                "kubectl",
+                "create",
+                "serviceaccount",
+                o.service_account,
+                f"--namespace={o.namespace}",
+            ),
+        ),
+        Step(
+            f"Tie it to {tied_to}",
+            (
+                "kubectl",
+                "annotate",
+                "serviceaccount",
+                o.service_account,
+                f"--namespace={o.namespace}",
+                annotation,
+            ),
+        ),
+    ]
+
+
 def gke_plan(o: PlanOptions) -> list[Step]:
     o.check({"project": "--project", "location": "--zone or --region", "bucket": "--bucket"})
     machine = o.machine_type or GKE_MACHINES.get(o.gpu)
@@ -205,26 +232,8 @@ def gke_plan(o: PlanOptions) -> list[Step]:
             "Point kubectl at the cluster",
             ("gcloud", "container", "clusters", "get-credentials", o.cluster, *where),
         ),
-        Step(
-            "Create the Kubernetes service account",
-            (
-                "kubectl",
-                "create",
-                "serviceaccount",
-                o.service_account,
-                f"--namespace={o.namespace}",
-            ),
-        ),
-        Step(
-            "Tie it to the Google service account",
-            (
-                "kubectl",
-                "annotate",
-                "serviceaccount",
-                o.service_account,
-                f"--namespace={o.namespace}",
-                f"iam.gke.io/gcp-service-account={gsa}",
-            ),
+        *_service_account_steps(
+            o, "the Google service account", f"iam.gke.io/gcp-service-account={gsa}"
         ),
     ]
 
@@ -520,27 +529,11 @@ def aks_plan(o: PlanOptions) -> list[Step]:
             "Point kubectl at the cluster",
             ("az", "aks", "get-credentials", "--resource-group", rg, "--name", o.cluster),
         ),
-        Step(
-            "Create the Kubernetes service account",
-            (
-                "kubectl",
-                "create",
-                "serviceaccount",
-                o.service_account,
-                f"--namespace={o.namespace}",
-            ),
-        ),
-        Step(
-            "Tie it to the identity",
-            (
-                "kubectl",
-                "annotate",
-                "serviceaccount",
-                o.service_account,
-                f"--namespace={o.namespace}",
-                f"azure.workload.identity/client-id=$(az identity show --name {identity} "
-                f"--resource-group {rg} --query clientId -o tsv)",
-            ),
+        *_service_account_steps(
+            o,
+            "the identity",
+            f"azure.workload.identity/client-id=$(az identity show --name {identity} "
+            f"--resource-group {rg} --query clientId -o tsv)",
         ),
     ]
 
