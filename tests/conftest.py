@@ -17,7 +17,7 @@ import pytest
 
 from spotbook._store import RunStore
 
-from .servers import Storage, start_azure, start_gcs, start_s3
+from .servers import FakeKube, Storage, start_azure, start_gcs, start_s3
 
 HERE = Path(__file__).parent
 NOTEBOOKS = HERE / "notebooks"
@@ -214,3 +214,13 @@ def place(
 def on(*kinds: str) -> pytest.MarkDecorator:
     """Run a test with its run store on each of these: local, s3, gs."""
     return pytest.mark.parametrize("where", kinds, indirect=True)
+
+
+@pytest.fixture
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKube]:
+    """A fresh fake Kubernetes API server (tests/fakekube.py) and a kubeconfig for it."""
+    fake = FakeKube(tmp_path_factory.mktemp("kube"))
+    try:
+        yield fake
+    finally:
+        fake.stop()

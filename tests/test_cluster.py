@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,6 @@ from .conftest import cli, kill, start_cli, wait_for
 from .servers import FakeKube
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKube]:
-    fake = FakeKube(tmp_path_factory.mktemp("kube"))
-    try:
-        yield fake
-    finally:
-        fake.stop()
 
 
 def submit_args(rd: str, *extra: str) -> list[str]:

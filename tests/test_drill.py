@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +76,6 @@ def test_drill_refuses_a_run_that_is_not_running(work: Path) -> None:
     assert cli("run", "sleepy.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
     r = cli("drill", "rd", cwd=work)
     assert r.returncode == 2 and "not running on this machine" in r.stderr
-
-
-@pytest.fixture
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKube]:
-    fake = FakeKube(tmp_path_factory.mktemp("kube"))
-    try:
-        yield fake
-    finally:
-        fake.stop()
 
 
 def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube: FakeKube) -> None:

@@ -405,18 +405,22 @@ def _limits(args: argparse.Namespace) -> Limits:
     )
 
 
-def _prepare(args: argparse.Namespace) -> RunStore:
-    """Freeze the parameterised notebook into its run store (run and submit)."""
-    params = collect_parameters(
+def _parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The -p/-r/-y/-f parameters, merged as papermill merges them."""
+    return collect_parameters(
         files=args.parameters_file,
         yaml_strings=args.parameters_yaml,
         typed=[tuple(p) for p in args.parameters],
         raw=[tuple(p) for p in args.parameters_raw],
     )
+
+
+def _prepare(args: argparse.Namespace) -> RunStore:
+    """Freeze the parameterised notebook into its run store (run and submit)."""
     return prepare_run(
         args.input,
         args.output,
-        parameters=params,
+        parameters=_parameters(args),
         kernel_name=args.kernel,
         cwd=args.cwd,
         limits=_limits(args),
@@ -539,13 +543,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         from . import _notebook as nbs
         from ._store import new_run_id, read_url
 
-        params = collect_parameters(
-            files=args.parameters_file,
-            yaml_strings=args.parameters_yaml,
-            typed=[tuple(p) for p in args.parameters],
-            raw=[tuple(p) for p in args.parameters_raw],
-        )
-        nbs.inject_parameters(nbs.parse(read_url(args.input), repr(args.input)), params)
+        nbs.inject_parameters(nbs.parse(read_url(args.input), repr(args.input)), _parameters(args))
         _limits(args)
         manifest = build_job(
             JobOptions(run_id=new_run_id(), namespace=args.namespace or "default", **job_kwargs)
@@ -630,12 +628,13 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     pods = cluster.pods(run_id)
     if args.follow:
         deadline = time.monotonic() + 600
+        told = False
         while (not pods or pods[-1].get("status", {}).get("phase") == "Pending") and (
             time.monotonic() < deadline
         ):
-            if not pods or not getattr(_cmd_logs, "_told", False):
+            if not told:
                 print("spotbook: waiting for the run's pod to start", file=sys.stderr)
-                _cmd_logs._told = True  # type: ignore[attr-defined]
+                told = True
             time.sleep(2.0)
             pods = cluster.pods(run_id)
     if not pods:

@@ -205,24 +205,18 @@ class Cluster:
         return zone
 
     def logs(self, pod: str, follow: bool = False) -> Iterator[str]:
-        def stream() -> Iterator[str]:
+        import httpx2 as httpx
+        from lightkube import ApiError
+
+        what = f"logs of pod {pod}"
+        try:
             yield from self.client.log(
                 pod, namespace=self.namespace, container=CONTAINER, follow=follow
             )
-
-        lines = self._call(f"logs of pod {pod}", lambda: iter(stream()), retry=False)
-        try:
-            yield from lines
-        except Exception as exc:
-            import httpx2 as httpx
-            from lightkube import ApiError
-
-            if isinstance(exc, ApiError):
-                code = exc.status.code or 0
-                raise self._explain(f"logs of pod {pod}", code, exc.status.message or "") from None
-            if isinstance(exc, httpx.HTTPError):
-                raise ClusterError(f"logs of pod {pod}: {exc}") from None
-            raise
+        except ApiError as exc:
+            raise self._explain(what, exc.status.code or 0, exc.status.message or "") from None
+        except httpx.HTTPError as exc:
+            raise ClusterError(f"{what}: {exc}") from None
 
     def watch_job(self, run_id: str, timeout: int = 60) -> Iterator[tuple[str, dict[str, Any]]]:
         """Changes to the run's Job, forever: re-lists when the watch expires (410)."""
