@@ -97,7 +97,18 @@ def comparable(nb: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
         if cell["cell_type"] != "code":
             out.append((cell["cell_type"], _joined(cell["source"]), None))
             continue
-        outputs = [_output(o) for o in cell.get("outputs", [])]
+        outputs: list[dict[str, Any]] = []
+        for o in map(_output, cell.get("outputs", [])):
+            last = outputs[-1] if outputs else {}
+            if (
+                o.get("output_type") == "stream"
+                and last.get("output_type") == "stream"
+                and last.get("name") == o.get("name")
+            ):
+                # raw nbclient keeps each kernel flush as its own output; a reader sees one text
+                outputs[-1] = {**last, "text": last["text"] + o["text"]}
+            else:
+                outputs.append(o)
         out.append((_joined(cell["source"]), cell.get("execution_count"), outputs))
     return out
 

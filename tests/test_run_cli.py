@@ -182,6 +182,44 @@ def test_huge_output_is_capped_and_kept_whole_in_the_store(work: Path) -> None:
     assert "after" in _texts(load(work / "out.ipynb"))
 
 
+def test_stream_flushes_are_joined_in_order(work: Path) -> None:
+    """Each flush is its own kernel message; the saved notebook must not depend on
+    how they fell (a loaded CI machine split one print in two), nor reorder them."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import sys\n"
+            "for part in 'abc':\n"
+            "    sys.stdout.write(part); sys.stdout.flush()\n"
+            "print('!', file=sys.stderr); sys.stderr.flush()\n"
+            "print('d')"
+        ),
+        nbformat.v4.new_code_cell(
+            "from IPython.display import clear_output\n"
+            "print('gone'); sys.stdout.flush()\n"
+            "clear_output(wait=True)\n"
+            "print('kept')"
+        ),
+    ]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, work / "flushes.ipynb")
+    r = cli("run", "flushes.ipynb", "out.ipynb", cwd=work)
+    assert r.returncode == 0, r.stderr
+    first, second = (c["outputs"] for c in load(work / "out.ipynb")["cells"])
+    assert [(o["name"], "".join(o["text"])) for o in first] == [
+        ("stdout", "abc"),
+        ("stderr", "!\n"),
+        ("stdout", "d\n"),
+    ]
+    assert [(o["name"], "".join(o["text"])) for o in second] == [("stdout", "kept\n")]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -54,11 +54,38 @@ class CellResult:
 
 
 class _Client(NotebookClient):
-    """nbclient's client with a hook that sees each output as it arrives, and
-    a note of earlier cells whose displays a message updated."""
+    """nbclient's client with a hook that sees each output as it arrives, a note
+    of earlier cells whose displays a message updated, and stream text joined to
+    the stream output just before it, as Jupyter's own frontends store it."""
 
     on_output: OutputCallback | None = None
     touched: set[int]
+
+    def output(
+        self, outs: list[Any], msg: dict[str, Any], display_id: str | None, cell_index: int
+    ) -> Any:
+        """Append text to the previous output when both are the same stream.
+
+        The kernel flushes stdout on a timer, so one ``print`` can arrive as one
+        message or as several depending on load; joined, a cell's saved outputs
+        are the same however the flushes fell, and a resumed run's notebook
+        matches an uninterrupted one. Order is kept: stdout and stderr are never
+        reordered, and an output widget's capture or a pending
+        ``clear_output(wait=True)`` take nbclient's usual path.
+        """
+        content = msg["content"]
+        last = outs[-1] if outs else None
+        if (
+            msg["msg_type"] == "stream"
+            and last is not None
+            and last.get("output_type") == "stream"
+            and last.get("name") == content.get("name")
+            and not self.clear_before_next_output
+            and not self.output_hook_stack[msg["parent_header"].get("msg_id")]
+        ):
+            last["text"] = "".join(last["text"]) + content.get("text", "")
+            return last
+        return super().output(outs, msg, display_id, cell_index)
 
     def process_message(self, msg: dict[str, Any], cell: Any, cell_index: int) -> Any:
         transient = msg["content"].get("transient") or {}
