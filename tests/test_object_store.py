@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -276,11 +275,8 @@ def test_training_loop_stops_on_sigterm_and_continues(
     env = {**s3.env, "SB_EPOCH_LOG": str(log)}
     proc = _train(work, rd, env, "out.ipynb")
     wait_for(lambda: len(_epochs(log)) >= 3, timeout=120, what="3 epochs")
-    t0 = time.monotonic()
     code, err = kill(proc, signal.SIGTERM)
-    stop_seconds = time.monotonic() - t0
     assert code == 75, err
-    assert stop_seconds < 8, stop_seconds  # the loop saw preempted() and stopped early
     done_before = len(_epochs(log))
     assert done_before < 8
     r = cli("resume", rd, cwd=work, env=env)
@@ -290,6 +286,10 @@ def test_training_loop_stops_on_sigterm_and_continues(
     assert comparable(load(work / "out.ipynb")) == comparable(load(work / "ref.ipynb"))
     attempts = status(rd, work)["attempts"]
     assert [a["outcome"] for a in attempts] == ["preempted", "completed"]
+    # the loop saw preempted() and stopped early, inside the grace period
+    assert attempts[0]["notice"]["cell"] == "stopped"
+    shown = cli("status", rd, cwd=work, env=env).stdout
+    assert "SIGTERM: the running cell saw spotbook.preempted() and stopped early" in shown
     assert attempts[1]["resumed_from"] == 2  # the loop cell runs again, from its checkpoint
     if where == "bucket":
         assert attempts[0]["checkpoint_uploaded_bytes"] >= 200_000

@@ -176,6 +176,8 @@ def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, place: Place)
     assert code == 75, err
     # the 1.5 s cell that was running finished inside the 5 s grace and was committed
     assert place.committed() == 5
+    notice = _status(work, place)["attempts"][0]["notice"]
+    assert notice["signal"] == "SIGTERM" and notice["cell"] == "finished"
 
 
 @on("local", "s3", "gs", "az")

@@ -770,8 +770,17 @@ def _print_downtime(report: dict[str, Any]) -> None:
         )
 
 
+_NOTICE_CELL = {
+    "none": "no cell was running",
+    "stopped": "the running cell saw spotbook.preempted() and stopped early",
+    "finished": "the running cell finished within --grace",
+    "interrupted": "the running cell outlived --grace and was interrupted; it runs again on resume",
+}
+
+
 def _attempt_details(a: dict[str, Any]) -> list[str]:
-    """Image, accelerators and checkpoint traffic of one attempt, when known."""
+    """Image, accelerators, the termination notice and checkpoint traffic of one
+    attempt, when known."""
     out = []
     if a.get("image"):
         out.append(f"image {a['image']}")
@@ -782,6 +791,13 @@ def _attempt_details(a: dict[str, Any]) -> list[str]:
     for name, info in sorted((a.get("frameworks") or {}).items()):
         seen = info.get("devices") or info.get("error") or "no GPU"
         out.append(f"{name} {info.get('version', '')} sees {seen}")
+    notice = a.get("notice")
+    if notice:
+        what = _NOTICE_CELL.get(notice.get("cell"), notice.get("cell"))
+        out.append(
+            f"{notice.get('signal')}: {what}; ended {notice.get('seconds_to_stop', 0):.2f} s "
+            "after the notice"
+        )
     if a.get("checkpoint_uploaded_bytes") or a.get("checkpoint_restored_bytes"):
         out.append(
             f"checkpoint files: {a.get('checkpoint_restored_bytes', 0)} bytes restored, "

@@ -91,6 +91,8 @@ class _Notice:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.signame = ""
         self.at = 0.0
+        # what the work running at the notice did: see NOTICE_CELL
+        self.cell = "none"
 
     def fire(self, signame: str) -> None:
         if self.event.is_set():
@@ -319,7 +321,16 @@ class Runner:
             await self._run_cells(start)
         except Terminated:
             await self._final_files_sync()
-            self._end_attempt(Outcome.PREEMPTED, stopped_at=self._next_unfinished())
+            notice = self._notice
+            self._end_attempt(
+                Outcome.PREEMPTED,
+                stopped_at=self._next_unfinished(),
+                notice={
+                    "signal": notice.signame,
+                    "cell": notice.cell,
+                    "seconds_to_stop": round(time.monotonic() - notice.at, 3),
+                },
+            )
             self._refresh(force=True, to_output=True)
             self._set_status(RunStatus.INTERRUPTED, f"stopped on {self._notice.signame}")
             raise
@@ -442,7 +453,10 @@ class Runner:
                 left = max(0.0, grace - (time.monotonic() - self._notice.at))
                 await asyncio.wait({task}, timeout=left)
                 if task.done():
+                    seen = os.path.exists(self._notice.seen_path)
+                    self._notice.cell = "stopped" if seen else "finished"
                     return task.result()
+                self._notice.cell = "interrupted"
                 raise Terminated(self._notice.signame, self._resume_hint())
             if deadline == cell_deadline and cell_timeout is not None:
                 raise CellTimeoutError(cell_index=index, timeout=cell_timeout)

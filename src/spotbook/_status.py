@@ -88,6 +88,7 @@ def describe(store: RunStore) -> dict[str, Any]:
                     "outcome",
                     "resumed_from",
                     "stopped_at",
+                    "notice",
                     "restored_snapshot",
                     "replayed",
                     "unrestored",
