@@ -179,6 +179,8 @@ def test_labels_env_queue_and_identity() -> None:
     assert j["metadata"]["namespace"] == "ml"
     assert j["metadata"]["labels"]["spotbook.dev/run-id"] == RUN
     assert j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert j["spec"]["suspend"] is True  # Kueue unsuspends it on admission
+    assert "suspend" not in job()["spec"]  # without a queue the Job starts at once
     assert j["spec"]["template"]["metadata"]["labels"]["spotbook.dev/run-id"] == RUN
     assert j["metadata"]["annotations"]["spotbook.dev/run-dir"] == "gs://bucket/runs/r1"
     spec = pod_spec(j)

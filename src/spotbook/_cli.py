@@ -179,7 +179,11 @@ def _add_submit_flags(p: argparse.ArgumentParser) -> None:
         help="Kubernetes service account (workload identity for the bucket)",
     )
     k.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
-    k.add_argument("--queue", metavar="NAME", help="Kueue LocalQueue")
+    k.add_argument(
+        "--queue",
+        metavar="NAME",
+        help="Kueue LocalQueue: the Job is created suspended and Kueue starts it on admission",
+    )
     k.add_argument(
         "--ttl",
         default="7d",

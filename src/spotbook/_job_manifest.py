@@ -318,6 +318,12 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         spec["ttlSecondsAfterFinished"] = opts.ttl_seconds
     if opts.deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = opts.deadline_seconds
+    if opts.queue:
+        # Kueue starts the Job by unsuspending it when its queue admits it. Created
+        # suspended (as Kueue's own examples are), no pod starts outside the queue even
+        # where Kueue's webhook does not see the Job; `status` then says "queued". The
+        # deadline does not run while the Job is suspended.
+        spec["suspend"] = True
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
