@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check, as developers and CI run it: lint, format, types, the whole test suite.
 set -euo pipefail
+echo "== setup ($(date +%T))"
 . "$(dirname "$0")/_venv.sh" "[test,demo]"
 # Azurite (Azure's blob storage emulator, from npm) for the az:// tests
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
@@ -9,6 +10,6 @@ if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
   fi
   npm install --prefix .cache/node --silent --no-audit --no-fund azurite@3 >/dev/null
 fi
-echo "== ruff"; ruff check src tests bench; ruff format --check src tests bench
+echo "== ruff ($(date +%T))"; ruff check src tests bench; ruff format --check src tests bench
 echo "== mypy"; mypy
-echo "== pytest"; python -m pytest "$@"
+echo "== pytest ($(date +%T))"; python -m pytest "$@"
