@@ -99,6 +99,7 @@ def _parse(path: str) -> tuple[str | None, str | None, str | None, str | None]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    raw_body = b""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -127,8 +128,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _body(self) -> Any:
-        n = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(n) or b"null")
+        return json.loads(self.raw_body or b"null")
 
     def _fault(self, path: str) -> bool:
         with LOCK:
@@ -140,10 +140,21 @@ class Handler(BaseHTTPRequestHandler):
                     break
             else:
                 return False
+        if f.get("html"):  # a proxy's error page, not a Kubernetes Status
+            data = f"<html><body><h1>{code}</h1>{msg}</body></html>".encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
         self._send(code, _status(code, f.get("reason", "Injected"), msg))
         return True
 
     def _route(self) -> None:
+        # read every request's body, whatever the answer: an unread one would be taken
+        # for the start of the next request on the kept-alive connection
+        self.raw_body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         with LOCK:

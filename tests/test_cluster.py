@@ -320,6 +320,17 @@ def test_status_by_run_id_finds_the_job_on_the_cluster(work: Path, kube: FakeKub
             },
             "refresh them",
         ),
+        (
+            {
+                "method": "POST",
+                "path": "/jobs",
+                "status": 502,
+                "times": 1,
+                "message": "upstream connect error",
+                "html": True,
+            },
+            "Bad Gateway (HTTP 502); the API server failed",
+        ),
     ],
 )
 def test_api_errors_on_submit_say_what_to_do(
@@ -335,8 +346,10 @@ def test_transient_500_on_reads_is_retried(work: Path, kube: FakeKube) -> None:
     rd = f"file://{work}/runs/retry"
     assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
     kube.fault("GET", "/jobs/sb-", 500, times=2)
+    kube.fault("GET", "/pods", 503, times=1, html=True)  # a load balancer's page
     doc = status(work, rd, kube)
     assert doc["cluster"]["state"] == "pending"
+    assert "error" not in doc["cluster"]
 
 
 def test_unknown_namespace_and_missing_config(work: Path, kube: FakeKube) -> None:

@@ -3,8 +3,10 @@ on a "cluster" (the fake API server, with real worker processes as pods)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,9 @@ def check_consistent(event: dict[str, Any], attempts: list[dict[str, Any]]) -> N
     assert times == sorted(times), event
     if event["stopped_at"] is not None:
         assert event["last_progress_at"] <= event["stopped_at"] <= event["next_started_at"]
+    if event["next_scheduled_at"] is not None:
+        stopped = event["stopped_at"] or event["last_progress_at"]
+        assert stopped <= event["next_scheduled_at"] <= event["next_started_at"]
     assert abs(sum(event["split"].values()) - event["gap_seconds"]) < 0.01
     before = next(a for a in attempts if a["attempt"] == event["attempt"])
     after = next(a for a in attempts if a["attempt"] == event["next_attempt"])
@@ -93,18 +98,34 @@ def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube:
     code, err = kill(w1, signal.SIGTERM)
     assert code == 75, err
     kube.put("pods", disrupted("p1", run_id, "gke-spot-1", "EvictionByEvictionAPI"))
-    kube.put("pods", pod("p2", run_id, "Running", node="gke-spot-2"))
+    # the replacement waits for a node, then is bound to one (the API's clock has whole
+    # seconds) and pulls its image before the worker process starts
+    time.sleep(1.2)
+    bound = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    condition = {
+        "type": "PodScheduled",
+        "status": "True",
+        "lastTransitionTime": bound.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    kube.put("pods", pod("p2", run_id, "Running", node="gke-spot-2", conditions=[condition]))
     w2 = worker(work, rd, "p2", "gke-spot-2", kube)
     out, err = drill.communicate(timeout=120)
     assert drill.returncode == 0, err
     assert "evicted pod p1 on gke-spot-1 through the Eviction API" in err
     event = json.loads(out[out.index("{") :])["drill"]
     assert (event["node"], event["next_node"]) == ("gke-spot-1", "gke-spot-2")
+    # waiting for a node ends when the pod is bound; the image pull counts as GPU time lost
+    assert event["next_scheduled_at"] == bound.timestamp()
     _, err2 = w2.communicate(timeout=120)
     assert w2.returncode == 0, err2
     doc = json.loads(cli("status", rd, "--json", cwd=work, env=kube.env).stdout)
-    check_consistent(doc["downtime"]["preemptions"][0], doc["attempts"])
+    (reported,) = doc["downtime"]["preemptions"]
+    check_consistent(reported, doc["attempts"])
+    assert reported["next_scheduled_at"] == bound.timestamp()
+    split = reported["split"]
+    assert split["scheduling_and_node"] == round(bound.timestamp() - reported["stopped_at"], 3)
     assert doc["downtime"]["totals"]["gpu_seconds"] > 0  # the Job asked for one GPU
+    assert "next pod on a node" in cli("status", rd, cwd=work, env=kube.env).stdout
 
 
 def test_cluster_drill_maintenance_prints_the_gcloud_command(work: Path, kube: FakeKube) -> None:

@@ -11,7 +11,7 @@ import shlex
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
@@ -688,8 +688,8 @@ def _when(ts: float | None) -> str:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     store = _open_run(args)
-    doc = describe(store)
-    view = _cluster_view(store, doc["run_id"], args)
+    view = _cluster_view(store, store.require_run()["spec"]["run_id"], args)
+    doc = describe(store, pods=view.get("pods"))
     if view:
         doc["cluster"] = view
         live = view.get("state")
@@ -756,7 +756,12 @@ def _print_downtime(report: dict[str, Any]) -> None:
         print(
             f"preemption attempt {e['attempt']} → {e['next_attempt']} ({e['how']} on "
             f"{e['node']}): last progress {_clock(e['last_progress_at'])}, stopped {stop}, "
-            f"next started {_clock(e['next_started_at'])}, new cells from "
+            + (
+                f"next pod on a node {_clock(e['next_scheduled_at'])}, "
+                if e.get("next_scheduled_at")
+                else ""
+            )
+            + f"next started {_clock(e['next_started_at'])}, new cells from "
             f"{_clock(e['running_new_cells_at'])}"
         )
         print(
@@ -865,8 +870,20 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     attempts = store.attempts()
     last = max((int(a.get("attempt") or 0) for a in attempts), default=0)
     if record is not None:
-        _drill_cluster(store, run, record, args)
-        return _report_recovery(store, last, args.timeout, None)
+        from ._jobs import pod_view
+        from ._kube import ClusterError
+
+        cluster = _cluster_for(args, record)
+        run_id = run["spec"]["run_id"]
+        _drill_cluster(cluster, run_id, args)
+
+        def pods() -> list[dict[str, Any]] | None:
+            try:
+                return [pod_view(p) for p in cluster.pods(run_id)]
+            except ClusterError:
+                return None  # the report then counts the image pull as waiting for a node
+
+        return _report_recovery(store, last, args.timeout, None, pods)
     took = _drill_local(store, run, attempts, args)
     if args.no_resume:
         return 0
@@ -918,15 +935,11 @@ def _drill_local(
     return took
 
 
-def _drill_cluster(
-    store: RunStore, run: dict[str, Any], record: dict[str, Any], args: argparse.Namespace
-) -> None:
+def _drill_cluster(cluster: Any, run_id: str, args: argparse.Namespace) -> None:
     import subprocess
 
     from ._jobs import pod_view
 
-    run_id = run["spec"]["run_id"]
-    cluster = _cluster_for(args, record)
     views = [pod_view(p) for p in cluster.pods(run_id)]
     live = [v for v in views if v["state"] == "running"]
     if not live:
@@ -957,12 +970,18 @@ class _DrillNotRun(SpotbookError):
     """Nothing was disrupted: the command to do it was printed (exit 0)."""
 
 
-def _report_recovery(store: RunStore, before: int, timeout: float, stopped_in: float | None) -> int:
+def _report_recovery(
+    store: RunStore,
+    before: int,
+    timeout: float,
+    stopped_in: float | None,
+    pods: Callable[[], list[dict[str, Any]] | None] | None = None,
+) -> int:
     """Wait until an attempt after ``before`` runs new cells (or the run ends); report."""
     deadline = time.monotonic() + timeout
     told = False
     while True:
-        doc = describe(store)
+        doc = describe(store, pods=pods() if pods else None)
         events = [e for e in doc["downtime"]["preemptions"] if e["attempt"] >= before]
         done = doc["status"] in ("succeeded", "failed", "cancelled")
         if events or done or time.monotonic() > deadline:

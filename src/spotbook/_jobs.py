@@ -39,11 +39,15 @@ def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
     term = _terminated(pod)
+    scheduled = _condition(pod, "PodScheduled") or {}
     view: dict[str, Any] = {
         "name": pod["metadata"]["name"],
         "node": (pod.get("spec") or {}).get("nodeName"),
         "phase": phase,
         "created": pod["metadata"].get("creationTimestamp"),
+        # when the scheduler bound it to a node (after any node was added for it): the
+        # downtime report splits waiting for a node from pulling the image with it
+        "scheduled": scheduled.get("lastTransitionTime"),
         "exit_code": term.get("exitCode") if term else None,
     }
     disrupted = _condition(pod, "DisruptionTarget")

@@ -84,6 +84,15 @@ class Cluster:
                     time.sleep(0.3 * 2**attempt)
                     continue
                 raise self._explain(what, code, exc.status.message or str(exc)) from None
+            except httpx.HTTPStatusError as exc:
+                # an answer that is not a Kubernetes Status (a proxy's or load balancer's
+                # error page): the same rules, by the HTTP code alone
+                code = exc.response.status_code
+                if retry and code >= 500 and attempt < _RETRIES:
+                    log.warning("%s: API server answered %d; retrying", what, code)
+                    time.sleep(0.3 * 2**attempt)
+                    continue
+                raise self._explain(what, code, exc.response.reason_phrase or "error") from None
             except httpx.TransportError as exc:
                 if retry and attempt < _RETRIES:
                     time.sleep(0.3 * 2**attempt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import os
 import socket
@@ -43,8 +44,9 @@ def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def describe(store: RunStore) -> dict[str, Any]:
-    """The status document behind ``spotbook status --json``."""
+def describe(store: RunStore, pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The status document behind ``spotbook status --json``; ``pods`` are the run's
+    pods as ``_jobs.pod_view`` shows them, when the cluster could be asked."""
     run = store.require_run()
     spec = RunSpec.from_json(run["spec"])
     raw = store.read("input.ipynb")
@@ -109,7 +111,10 @@ def describe(store: RunStore) -> dict[str, Any]:
         "preemptions": sum(1 for a in attempts if a.get("outcome") in ("preempted", "killed")),
     }
     job = store.read_json("job.json") or {}
-    doc["downtime"] = downtime(attempts, records, gpus=int(job.get("gpu_count") or 0))
+    scheduled = {p["name"]: p["scheduled"] for p in pods or [] if p.get("scheduled")}
+    doc["downtime"] = downtime(
+        attempts, records, gpus=int(job.get("gpu_count") or 0), scheduled=scheduled
+    )
     if failing is not None:
         doc["failing_cell"] = {
             "index": failing["index"],
@@ -123,17 +128,36 @@ def _r(x: float) -> float:
     return round(x, 3)
 
 
+def _epoch(stamp: str | None) -> float | None:
+    """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), or None."""
+    if not stamp:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def downtime(
-    attempts: list[dict[str, Any]], records: dict[int, dict[str, Any]], gpus: int = 0
+    attempts: list[dict[str, Any]],
+    records: dict[int, dict[str, Any]],
+    gpus: int = 0,
+    scheduled: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What each preemption cost, from the attempts and cell records alone.
+    """What each preemption cost, from the attempts and cell records, and the pods'
+    scheduling times when known.
 
     For an interrupted attempt A and the attempt B after it, on one time line:
     ``last_progress`` (A's last committed cell), ``stopped`` (A ended; unknown when it was
-    killed without notice, then taken as last_progress), ``next_started`` (B's process
+    killed without notice, then taken as last_progress), ``next_scheduled`` (B's pod was
+    bound to a node: from ``scheduled``, pod name to the PodScheduled condition's time;
+    unknown for a local run or a pod already gone), ``next_started`` (B's process
     started), ``kernel_ready`` and ``running_new_cells`` (B restored its state and went on
-    with cells never run). The gap between the first and the last is split into those
-    four stretches; ``redone_seconds`` is finished compute B ran again to rebuild state.
+    with cells never run). The gap between the first and the last is split into four
+    stretches: until stopped; scheduling and node (to ``next_scheduled``, or to
+    ``next_started`` when that is unknown, so then it includes the image pull); image and
+    kernel start; state restore. ``redone_seconds`` is finished compute B ran again to
+    rebuild state. Waiting for a node costs no GPU; the other three are wasted GPU time.
     """
     ends: dict[int, float] = {}
     for rec in records.values():
@@ -150,6 +174,9 @@ def downtime(
         t2 = max(float(b.get("process_started") or b["started"]), t1)
         t3 = max(float(b["started"]) + float(b.get("kernel_start_seconds") or 0.0), t2)
         t4 = max(float(b.get("resumed_at") or t3), t3)
+        bound = _epoch((scheduled or {}).get(str(b.get("pod") or "")))
+        # the API server's clock and second resolution: keep it inside its stretch
+        ts = None if bound is None else min(max(bound, t1), t2)
         events.append(
             {
                 "attempt": a["attempt"],
@@ -159,14 +186,15 @@ def downtime(
                 "next_node": b.get("node") or b.get("host"),
                 "last_progress_at": _r(t0),
                 "stopped_at": _r(t1) if known else None,
+                "next_scheduled_at": None if ts is None else _r(ts),
                 "next_started_at": _r(t2),
                 "kernel_ready_at": _r(t3),
                 "running_new_cells_at": _r(t4),
                 "gap_seconds": _r(t4 - t0),
                 "split": {
                     "until_stopped": _r(t1 - t0),
-                    "scheduling_and_node": _r(t2 - t1),
-                    "image_and_kernel_start": _r(t3 - t2),
+                    "scheduling_and_node": _r((t2 if ts is None else ts) - t1),
+                    "image_and_kernel_start": _r(t3 - (t2 if ts is None else ts)),
                     "state_restore": _r(t4 - t3),
                 },
                 "redone_seconds": _r(float(b.get("redone_seconds") or 0.0)),
