@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spotbook._checkpoints import CheckpointDir
+from spotbook._errors import SupersededError
 from spotbook._store import RunStore
 
 from .conftest import cli
@@ -54,6 +55,25 @@ def test_newest_attempts_manifest_wins(tmp_path: Path) -> None:
     out.mkdir()
     CheckpointDir(store, str(out), 3).restore()
     assert (out / "f").read_text() == "new"
+
+
+def test_a_superseded_attempt_writes_no_manifest(tmp_path: Path) -> None:
+    store, src = _store(), tmp_path / "a"
+    src.mkdir()
+    assert store.claim_attempt({"outcome": "running"}) == 1
+    ck = CheckpointDir(store, str(src), 1)
+    (src / "f").write_text("first")
+    ck.sync()
+    # a new attempt starts (the old pod lives on behind a network partition)
+    assert store.claim_attempt({"outcome": "running"}) == 2
+    (src / "f").write_text("stale")
+    with pytest.raises(SupersededError):
+        ck.sync()
+    assert store.names("files") == ["a0001-000001.json"]
+    out = tmp_path / "out"
+    out.mkdir()
+    CheckpointDir(store, str(out), 3).restore()
+    assert (out / "f").read_text() == "first"
 
 
 def test_a_corrupted_blob_is_not_restored(tmp_path: Path) -> None:

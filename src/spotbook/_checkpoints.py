@@ -8,7 +8,8 @@ seconds while cells run, and after a termination notice (upload).
 A sync uploads each changed file once, content-addressed (``state/blobs/SHA256``,
 shared with kernel-state blobs), then writes a manifest
 ``files/aMMMM-SSSSSS.json`` mapping relative paths to blobs. The newest manifest
-wins, so a kill in the middle of a sync leaves the previous sync whole. A file that
+wins, so a kill in the middle of a sync leaves the previous sync whole, and an attempt
+that was superseded while it uploaded writes no manifest. A file that
 changes while it is uploaded is left for the next sync (write checkpoints to a
 temporary name and ``os.replace`` them into place, and a sync never sees half a
 file).
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import SupersededError
 from ._store import RunStore
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,13 @@ class CheckpointDir:
             files[rel] = {"sha256": digest, "size": before[0], "mtime_ns": before[1]}
         result.files = len(files)
         if files != self._last_manifest:
+            # the runner fenced before the sync began; uploads can take long enough for
+            # a new attempt to start meanwhile, and then its manifests must win alone
+            if self.store.superseded(self.attempt):
+                raise SupersededError(
+                    f"attempt {self.attempt} was superseded during a checkpoint sync; "
+                    "its manifest was not written"
+                )
             self._seq += 1
             self.store.write_json(
                 f"files/a{self.attempt:04d}-{self._seq:06d}.json",
