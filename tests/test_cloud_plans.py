@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -53,14 +54,15 @@ def _parsed(r: subprocess.CompletedProcess[str]) -> bool:
 @pytest.mark.parametrize("opts", [GKE, GKE_REGIONAL_T4], ids=["zonal-l4", "regional-t4"])
 def test_gcloud_accepts_every_generated_command(opts: PlanOptions, tmp_path: Path) -> None:
     steps = gke_plan(opts) + gke_down(opts, delete_bucket=True)
+    commands = [s.argv for s in steps] + [s.done_if for s in steps if s.done_if]
     checked = 0
-    for step in steps:
-        if step.argv[0] != "gcloud":
+    for argv in commands:
+        if argv[0] != "gcloud":
             continue
-        r = _gcloud(list(step.argv), tmp_path)
-        assert _parsed(r), f"{step.shell()}\n{r.returncode}\n{r.stderr[-800:]}"
+        r = _gcloud(list(argv), tmp_path)
+        assert _parsed(r), f"{shlex.join(argv)}\n{r.returncode}\n{r.stderr[-800:]}"
         checked += 1
-    assert checked >= 10
+    assert checked >= 14  # 10 commands and the 4 checks `up` runs before creating
 
 
 @needs_gcloud
@@ -234,19 +236,54 @@ def test_plan_usage_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--machine-type" in r.stderr
 
 
-def test_up_stops_at_the_first_failing_step_and_says_how_to_continue(tmp_path: Path) -> None:
+def _fake_gcloud(tmp_path: Path, script: str) -> tuple[dict[str, str], Path]:
+    """A stand-in gcloud on PATH that records its calls, then runs ``script``."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "calls.txt"
-    fake = bin_dir / "gcloud"  # a stand-in that records its calls and fails the 3rd
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ "$(wc -l < {log})" -lt 3 ] || exit 4\n')
+    fake = bin_dir / "gcloud"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{script}\n')
     fake.chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    args = ["gke", "up", "--project", "p", "--zone", "us-central1-a", "--bucket", "b", "--yes"]
-    r = cli(*args, cwd=tmp_path, env=env)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+UP = ["gke", "up", "--project", "p", "--zone", "us-central1-a", "--bucket", "b", "--yes"]
+
+
+def test_up_stops_at_the_first_failing_step_and_says_how_to_continue(tmp_path: Path) -> None:
+    # nothing exists yet (every describe fails); the GPU pool's create fails
+    env, log = _fake_gcloud(
+        tmp_path,
+        'case "$*" in *describe*) exit 1;; *"node-pools create"*) exit 4;; esac',
+    )
+    r = cli(*UP, cwd=tmp_path, env=env)
     assert r.returncode == 3, r.stderr
     assert "step 3 failed (exit 4)" in r.stderr and "--from 3" in r.stderr
-    assert len(log.read_text().splitlines()) == 3
-    r = cli(*args[:-1], cwd=tmp_path, env=env)  # no --yes and no terminal: nothing runs
+    calls = [line.split()[:3] for line in log.read_text().splitlines()]
+    assert calls == [
+        ["services", "enable", "container.googleapis.com"],
+        ["container", "clusters", "describe"],
+        ["container", "clusters", "create"],
+        ["container", "node-pools", "describe"],
+        ["container", "node-pools", "create"],
+    ]
+    r = cli(*UP[:-1], cwd=tmp_path, env=env)  # no --yes and no terminal: nothing runs
     assert r.returncode == 2 and "--yes" in r.stderr
-    assert len(log.read_text().splitlines()) == 3
+    assert len(log.read_text().splitlines()) == 5
+
+
+def test_up_again_skips_what_exists(tmp_path: Path) -> None:
+    # a first `up` made the cluster, the bucket and the Kubernetes service account
+    exists = '"container clusters describe"*|"storage buckets describe"*|"get serviceaccount"*'
+    script = f'case "$*" in {exists}) exit 0;; *describe*|get*) exit 1;; esac'
+    env, log = _fake_gcloud(tmp_path, script)
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.write_text((tmp_path / "bin" / "gcloud").read_text())
+    kubectl.chmod(0o755)
+    r = cli(*UP, "--from", "2", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    for n in (2, 4, 9):
+        assert f"step {n}: already done" in r.stderr
+    creates = [line.split()[:2] for line in log.read_text().splitlines() if "create" in line]
+    assert creates == [["container", "node-pools"], ["iam", "service-accounts"]]
+    assert log.read_text().splitlines()[-1].startswith("annotate serviceaccount")

@@ -1035,7 +1035,7 @@ def _cmd_cluster_plan(args: argparse.Namespace) -> int:
     if args.output_format == "json":
         print(plans.to_json(steps))
     else:
-        print(plans.render(steps, hint), end="")
+        print(plans.render(steps, hint, checks=provider == "gke"), end="")
     if args.verb == "plan":
         return 0
     return _run_plan(steps, args)
@@ -1056,6 +1056,14 @@ def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
             return 0
     for n, step in todo:
         print(f"spotbook: step {n}/{len(steps)}: {step.what}", file=sys.stderr, flush=True)
+        if step.done_if and _succeeds(step.done_if):
+            print(
+                f"spotbook: step {n}: already done (`{shlex.join(step.done_if)}` found it); "
+                "skipped",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
         try:
             proc = subprocess.run(list(step.argv), input=step.stdin, text=True, check=False)
             code = proc.returncode
@@ -1069,6 +1077,17 @@ def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
             )
     print(f"spotbook: all {len(steps)} steps done", file=sys.stderr)
     return 0
+
+
+def _succeeds(argv: Sequence[str]) -> bool:
+    """Whether a read-only check command exits 0 (its output is not shown)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(list(argv), capture_output=True, check=False, timeout=120)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 class _PlanStepError(StorageError):

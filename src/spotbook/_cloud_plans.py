@@ -34,6 +34,9 @@ class Step:
     what: str
     argv: tuple[str, ...]
     stdin: str | None = None  # a file body the command reads from stdin (-f -)
+    # a read-only command that succeeds when what this step creates exists already:
+    # `up` then skips the step, so running it again after a partial setup is safe
+    done_if: tuple[str, ...] | None = None
 
     def shell(self) -> str:
         # "$(...)" is a lookup the shell must run: double quotes keep it working
@@ -99,6 +102,13 @@ def _service_account_steps(o: PlanOptions, tied_to: str, annotation: str) -> lis
                 o.service_account,
                 f"--namespace={o.namespace}",
             ),
+            done_if=(
+                "kubectl",
+                "get",
+                "serviceaccount",
+                o.service_account,
+                f"--namespace={o.namespace}",
+            ),
         ),
         Step(
             f"Tie it to {tied_to}",
@@ -109,6 +119,7 @@ def _service_account_steps(o: PlanOptions, tied_to: str, annotation: str) -> lis
                 o.service_account,
                 f"--namespace={o.namespace}",
                 annotation,
+                "--overwrite",  # running it again is harmless
             ),
         ),
     ]
@@ -153,6 +164,7 @@ def gke_plan(o: PlanOptions) -> list[Step]:
                 "--num-nodes=1",
                 "--workload-metadata=GKE_METADATA",
             ),
+            done_if=("gcloud", "container", "clusters", "describe", o.cluster, *where),
         ),
         Step(
             f"Add the Spot GPU pool: {o.gpu_count} x {o.gpu} per node, drivers installed by "
@@ -175,6 +187,15 @@ def gke_plan(o: PlanOptions) -> list[Step]:
                 "--node-taints=cloud.google.com/gke-spot=true:NoSchedule",
                 "--workload-metadata=GKE_METADATA",
             ),
+            done_if=(
+                "gcloud",
+                "container",
+                "node-pools",
+                "describe",
+                pool,
+                f"--cluster={o.cluster}",
+                *where,
+            ),
         ),
         Step(
             "Create the bucket for run stores",
@@ -188,6 +209,14 @@ def gke_plan(o: PlanOptions) -> list[Step]:
                 f"--location={region}",
                 "--uniform-bucket-level-access",
             ),
+            done_if=(
+                "gcloud",
+                "storage",
+                "buckets",
+                "describe",
+                f"gs://{o.bucket}",
+                f"--project={o.project}",
+            ),
         ),
         Step(
             "Create the Google service account the pods act as",
@@ -199,6 +228,14 @@ def gke_plan(o: PlanOptions) -> list[Step]:
                 o.service_account,
                 f"--project={o.project}",
                 "--display-name=spotbook notebook runs",
+            ),
+            done_if=(
+                "gcloud",
+                "iam",
+                "service-accounts",
+                "describe",
+                gsa,
+                f"--project={o.project}",
             ),
         ),
         Step(
@@ -538,10 +575,15 @@ def aks_plan(o: PlanOptions) -> list[Step]:
     ]
 
 
-def render(steps: list[Step], hint: str | None = None) -> str:
+def render(steps: list[Step], hint: str | None = None, checks: bool = False) -> str:
+    """The plan as a shell script; ``checks`` notes the skip checks `up` runs."""
     lines = []
     for n, step in enumerate(steps, 1):
         lines.append(f"# {n}. {step.what}")
+        if checks and step.done_if:
+            lines.append(
+                f"#    (`up` skips this step when this succeeds: {shlex.join(step.done_if)})"
+            )
         lines.append(step.shell())
         lines.append("")
     if hint:
@@ -552,5 +594,14 @@ def render(steps: list[Step], hint: str | None = None) -> str:
 
 def to_json(steps: list[Step]) -> str:
     return json.dumps(
-        [{"what": s.what, "argv": list(s.argv), "stdin": s.stdin} for s in steps], indent=2
+        [
+            {
+                "what": s.what,
+                "argv": list(s.argv),
+                "stdin": s.stdin,
+                "done_if": list(s.done_if) if s.done_if else None,
+            }
+            for s in steps
+        ],
+        indent=2,
     )
