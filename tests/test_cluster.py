@@ -342,6 +342,17 @@ def test_api_errors_on_submit_say_what_to_do(
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_queued_run_says_kueue_holds_it(work: Path, kube: FakeKube) -> None:
+    rd = f"file://{work}/runs/queued"
+    r = cli(*submit_args(rd, "--queue", "team-a"), cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    (job,) = kube.objects("jobs")
+    assert job["spec"]["suspend"] is True
+    assert status(work, rd, kube)["status"] == "queued"
+    text = cli("status", rd, cwd=work, env=kube.env).stdout
+    assert "waiting for Kueue to admit it from LocalQueue team-a" in text
+
+
 def test_transient_500_on_reads_is_retried(work: Path, kube: FakeKube) -> None:
     rd = f"file://{work}/runs/retry"
     assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0

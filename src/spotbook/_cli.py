@@ -721,6 +721,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(
             f"cluster  {cluster['state']}: {where}, {cluster.get('preemptions', 0)} preempted pods"
         )
+        if cluster.get("reason"):
+            why = cluster["reason"] + (f": {cluster['message']}" if cluster.get("message") else "")
+            print(f"  {why}")
         from ._jobs import describe_pod
 
         for v in cluster["pods"]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._job_manifest import LABEL_QUEUE
 from ._models import EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
 
 JOB_RECORD = "job.json"  # in the run store: which cluster, namespace and Job run it
@@ -101,6 +102,13 @@ def job_view(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> dict[str
         out["message"] = failed.get("message")
     elif (job.get("spec") or {}).get("suspend"):
         out["state"] = "queued"
+        queue_name = (job["metadata"].get("labels") or {}).get(LABEL_QUEUE)
+        out["reason"] = (
+            f"waiting for Kueue to admit it from LocalQueue {queue_name} "
+            f"(`kubectl get workloads -n {out['namespace']}` shows why)"
+            if queue_name
+            else "the Job is suspended (spec.suspend); nothing starts until it is resumed"
+        )
     elif views and views[-1]["state"] == "running":
         out["state"] = "running"
     elif interrupted or any(v["state"] == "failed" for v in views):
@@ -177,7 +185,8 @@ def follow(
                 say(line)
         if view["state"] != last_state:
             last_state = view["state"]
-            say(f"job {view.get('job', '')} {last_state}".replace("  ", " "))
+            why = f": {view['reason']}" if view.get("reason") else ""
+            say(f"job {view.get('job', '')} {last_state}{why}".replace("  ", " "))
         code = exit_code_of(view)
         if code is not None:
             return code
