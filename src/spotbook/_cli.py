@@ -973,6 +973,20 @@ class _DrillNotRun(SpotbookError):
     """Nothing was disrupted: the command to do it was printed (exit 0)."""
 
 
+def _recovered(doc: dict[str, Any], before: int) -> list[dict[str, Any]]:
+    """Preemptions since attempt ``before`` whose next attempt runs new cells (or has
+    ended): until then its figures are not final."""
+    attempts = {a.get("attempt"): a for a in doc["attempts"]}
+    out = []
+    for e in doc["downtime"]["preemptions"]:
+        b = attempts.get(e["next_attempt"]) or {}
+        if e["attempt"] >= before and (
+            b.get("resumed_at") is not None or b.get("outcome") != "running"
+        ):
+            out.append(e)
+    return out
+
+
 def _report_recovery(
     store: RunStore,
     before: int,
@@ -985,7 +999,7 @@ def _report_recovery(
     told = False
     while True:
         doc = describe(store, pods=pods() if pods else None)
-        events = [e for e in doc["downtime"]["preemptions"] if e["attempt"] >= before]
+        events = _recovered(doc, before)
         done = doc["status"] in ("succeeded", "failed", "cancelled")
         if events or done or time.monotonic() > deadline:
             break

@@ -317,6 +317,10 @@ class Runner:
                     index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
                 )
             plan = await self._restore(start) if self.records else None
+            if plan is None and self.attempt > 1:
+                # a later attempt with nothing to restore: it is back on new cells now
+                self.attempt_rec["resumed_at"] = self.opts.clock()
+                self.store.update_attempt(self.attempt, self.attempt_rec)
             self._refresh(force=True, running=start)
             await self._run_cells(start)
         except Terminated:
