@@ -11,7 +11,7 @@ import shlex
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
@@ -41,7 +41,7 @@ from ._models import (
 )
 from ._parameters import collect_parameters
 from ._runner import Runner, RunnerOptions
-from ._status import describe, local_runs
+from ._status import ClusterView, describe, local_runs
 from ._store import RunStore, is_url, resolve_run
 
 log = logging.getLogger("spotbook")
@@ -611,18 +611,20 @@ def _follow(cluster: Any, store: RunStore, run_id: str) -> int:
     return int(code)
 
 
-def _cluster_view(store: RunStore, run_id: str, args: argparse.Namespace) -> dict[str, Any]:
+def _cluster_view(args: argparse.Namespace, cluster: Any = None) -> ClusterView:
+    """``describe``'s window on the cluster: the Job and its pods, or the error that
+    kept them from view; through ``cluster`` when the caller holds one."""
     from ._jobs import job_view
     from ._kube import ClusterError
 
-    record = store.read_json(JOB_RECORD)
-    if record is None:
-        return {}
-    try:
-        cluster = _cluster_for(args, record)
-        return job_view(cluster.get_job(run_id), cluster.pods(run_id))
-    except (ClusterError, UsageError) as exc:
-        return {"error": str(exc)}
+    def view(run_id: str, record: dict[str, Any]) -> dict[str, Any]:
+        try:
+            client = cluster or _cluster_for(args, record)
+            return job_view(client.get_job(run_id), client.pods(run_id))
+        except (ClusterError, UsageError) as exc:
+            return {"error": str(exc)}
+
+    return view
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -688,10 +690,9 @@ def _when(ts: float | None) -> str:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     store = _open_run(args)
-    view = _cluster_view(store, store.require_run()["spec"]["run_id"], args)
-    doc = describe(store, pods=view.get("pods"))
+    doc = describe(store, cluster=_cluster_view(args))
+    view = doc.get("cluster")
     if view:
-        doc["cluster"] = view
         live = view.get("state")
         if doc["status"] in ("pending", "running", "interrupted") and live in (
             "pending",
@@ -873,20 +874,9 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     attempts = store.attempts()
     last = max((int(a.get("attempt") or 0) for a in attempts), default=0)
     if record is not None:
-        from ._jobs import pod_view
-        from ._kube import ClusterError
-
         cluster = _cluster_for(args, record)
-        run_id = run["spec"]["run_id"]
-        _drill_cluster(cluster, run_id, args)
-
-        def pods() -> list[dict[str, Any]] | None:
-            try:
-                return [pod_view(p) for p in cluster.pods(run_id)]
-            except ClusterError:
-                return None  # the report then counts the image pull as waiting for a node
-
-        return _report_recovery(store, last, args.timeout, None, pods)
+        _drill_cluster(cluster, run["spec"]["run_id"], args)
+        return _report_recovery(store, last, args.timeout, None, _cluster_view(args, cluster))
     took = _drill_local(store, run, attempts, args)
     if args.no_resume:
         return 0
@@ -992,13 +982,13 @@ def _report_recovery(
     before: int,
     timeout: float,
     stopped_in: float | None,
-    pods: Callable[[], list[dict[str, Any]] | None] | None = None,
+    cluster: ClusterView | None = None,
 ) -> int:
     """Wait until an attempt after ``before`` runs new cells (or the run ends); report."""
     deadline = time.monotonic() + timeout
     told = False
     while True:
-        doc = describe(store, pods=pods() if pods else None)
+        doc = describe(store, cluster=cluster)
         events = _recovered(doc, before)
         done = doc["status"] in ("succeeded", "failed", "cancelled")
         if events or done or time.monotonic() > deadline:

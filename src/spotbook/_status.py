@@ -6,6 +6,7 @@ import datetime
 import itertools
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from . import _notebook as nbs
@@ -44,9 +45,16 @@ def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def describe(store: RunStore, pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The status document behind ``spotbook status --json``; ``pods`` are the run's
-    pods as ``_jobs.pod_view`` shows them, when the cluster could be asked."""
+ClusterView = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, Any]:
+    """The status document behind ``spotbook status --json``.
+
+    For a submitted run, ``cluster(run_id, job_record)`` gives the Job's view
+    (``_jobs.job_view``, or ``{"error": ...}``); it goes into the document as
+    ``cluster``, and its pods' scheduling times into the downtime report.
+    """
     run = store.require_run()
     spec = RunSpec.from_json(run["spec"])
     raw = store.read("input.ipynb")
@@ -111,7 +119,11 @@ def describe(store: RunStore, pods: list[dict[str, Any]] | None = None) -> dict[
         "preemptions": sum(1 for a in attempts if a.get("outcome") in ("preempted", "killed")),
     }
     job = store.read_json("job.json") or {}
-    scheduled = {p["name"]: p["scheduled"] for p in pods or [] if p.get("scheduled")}
+    view = cluster(spec.run_id, job) if cluster is not None and job else {}
+    if view:
+        doc["cluster"] = view
+    pods = view.get("pods") or []
+    scheduled = {p["name"]: p["scheduled"] for p in pods if p.get("scheduled")}
     doc["downtime"] = downtime(
         attempts, records, gpus=int(job.get("gpu_count") or 0), scheduled=scheduled
     )
