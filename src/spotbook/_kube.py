@@ -77,22 +77,18 @@ class Cluster:
         for attempt in range(1, _RETRIES + 1):
             try:
                 return op()
-            except ApiError as exc:
-                code = exc.status.code or 0
+            except (ApiError, httpx.HTTPStatusError) as exc:
+                # ApiError carries the API server's Status; other answers (a proxy's or
+                # load balancer's error page) follow the same rules by their HTTP code
+                if isinstance(exc, ApiError):
+                    code, message = exc.status.code or 0, exc.status.message or str(exc)
+                else:
+                    code, message = exc.response.status_code, exc.response.reason_phrase
                 if retry and code >= 500 and attempt < _RETRIES:
                     log.warning("%s: API server answered %d; retrying", what, code)
                     time.sleep(0.3 * 2**attempt)
                     continue
-                raise self._explain(what, code, exc.status.message or str(exc)) from None
-            except httpx.HTTPStatusError as exc:
-                # an answer that is not a Kubernetes Status (a proxy's or load balancer's
-                # error page): the same rules, by the HTTP code alone
-                code = exc.response.status_code
-                if retry and code >= 500 and attempt < _RETRIES:
-                    log.warning("%s: API server answered %d; retrying", what, code)
-                    time.sleep(0.3 * 2**attempt)
-                    continue
-                raise self._explain(what, code, exc.response.reason_phrase or "error") from None
+                raise self._explain(what, code, message or "error") from None
             except httpx.TransportError as exc:
                 if retry and attempt < _RETRIES:
                     time.sleep(0.3 * 2**attempt)

@@ -91,7 +91,9 @@ class _Notice:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.signame = ""
         self.at = 0.0
-        # what the work running at the notice did: see NOTICE_CELL
+        # what the work running at the notice did: "none" (nothing ran), "stopped" (it
+        # saw spotbook.preempted() and returned), "finished" (within the grace),
+        # "interrupted" (it outlived the grace)
         self.cell = "none"
 
     def fire(self, signame: str) -> None:
