@@ -14,7 +14,7 @@ import pytest
 
 from spotbook._store import RunStore
 
-from .conftest import cells_committed, cli, kill, start_cli, wait_for
+from .conftest import cells_committed, cli, kill, start_cli, wait_for, write_notebook
 from .servers import FakeKube
 from .test_cluster import disrupted, pod, submit_args, terminated, worker
 
@@ -81,18 +81,13 @@ def test_downtime_of_a_run_killed_without_notice(work: Path) -> None:
 def test_downtime_when_the_first_cell_never_finished(work: Path) -> None:
     """Killed inside its first cell, the run has nothing to restore; the next attempt
     still marks when it went back to new cells, which the report and the drill use."""
-    import nbformat
-
     marker = work / "started"
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            f"import os, time\nif not os.path.exists({str(marker)!r}):\n"
-            f"    open({str(marker)!r}, 'w').close()\n    time.sleep(60)"
-        ),
-        nbformat.v4.new_code_cell("x = 1"),
-    ]
-    nbformat.write(nb, work / "first.ipynb")
+    write_notebook(
+        work / "first.ipynb",
+        f"import os, time\nif not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n    time.sleep(60)",
+        "x = 1",
+    )
     runner = start_cli("run", "first.ipynb", "--run-dir", "rd", cwd=work)
     wait_for(marker.exists, what="the first cell running")
     kill(runner)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cells_committed, cli, load
+from .conftest import cells_committed, cli, load, write_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -185,30 +185,18 @@ def test_huge_output_is_capped_and_kept_whole_in_the_store(work: Path) -> None:
 def test_stream_flushes_are_joined_in_order(work: Path) -> None:
     """Each flush is its own kernel message; the saved notebook must not depend on
     how they fell (a loaded CI machine split one print in two), nor reorder them."""
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            "import sys\n"
-            "for part in 'abc':\n"
-            "    sys.stdout.write(part); sys.stdout.flush()\n"
-            "print('!', file=sys.stderr); sys.stderr.flush()\n"
-            "print('d')"
-        ),
-        nbformat.v4.new_code_cell(
-            "from IPython.display import clear_output\n"
-            "print('gone'); sys.stdout.flush()\n"
-            "clear_output(wait=True)\n"
-            "print('kept')"
-        ),
-    ]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, work / "flushes.ipynb")
+    write_notebook(
+        work / "flushes.ipynb",
+        "import sys\n"
+        "for part in 'abc':\n"
+        "    sys.stdout.write(part); sys.stdout.flush()\n"
+        "print('!', file=sys.stderr); sys.stderr.flush()\n"
+        "print('d')",
+        "from IPython.display import clear_output\n"
+        "print('gone'); sys.stdout.flush()\n"
+        "clear_output(wait=True)\n"
+        "print('kept')",
+    )
     r = cli("run", "flushes.ipynb", "out.ipynb", cwd=work)
     assert r.returncode == 0, r.stderr
     first, second = (c["outputs"] for c in load(work / "out.ipynb")["cells"])

@@ -23,6 +23,16 @@ T = TypeVar("T")
 _RETRIES = 4
 
 
+def _answer(exc: Any) -> tuple[int, str]:
+    """HTTP code and message of an error answer: the API server's Status when it sent
+    one (lightkube's ApiError), else the bare HTTP answer (a proxy's error page)."""
+    from lightkube import ApiError
+
+    if isinstance(exc, ApiError):
+        return exc.status.code or 0, exc.status.message or str(exc)
+    return exc.response.status_code, exc.response.reason_phrase or "error"
+
+
 class ClusterError(SpotbookError):
     """The Kubernetes API refused or failed a request (exit 3: may pass on retry)."""
 
@@ -72,23 +82,17 @@ class Cluster:
     # -- errors ----------------------------------------------------------------
     def _call(self, what: str, op: Callable[[], T], *, retry: bool = True) -> T:
         import httpx2 as httpx
-        from lightkube import ApiError
 
         for attempt in range(1, _RETRIES + 1):
             try:
                 return op()
-            except (ApiError, httpx.HTTPStatusError) as exc:
-                # ApiError carries the API server's Status; other answers (a proxy's or
-                # load balancer's error page) follow the same rules by their HTTP code
-                if isinstance(exc, ApiError):
-                    code, message = exc.status.code or 0, exc.status.message or str(exc)
-                else:
-                    code, message = exc.response.status_code, exc.response.reason_phrase
+            except httpx.HTTPStatusError as exc:  # lightkube's ApiError is one too
+                code, message = _answer(exc)
                 if retry and code >= 500 and attempt < _RETRIES:
                     log.warning("%s: API server answered %d; retrying", what, code)
                     time.sleep(0.3 * 2**attempt)
                     continue
-                raise self._explain(what, code, message or "error") from None
+                raise self._explain(what, code, message) from None
             except httpx.TransportError as exc:
                 if retry and attempt < _RETRIES:
                     time.sleep(0.3 * 2**attempt)
@@ -211,15 +215,14 @@ class Cluster:
 
     def logs(self, pod: str, follow: bool = False) -> Iterator[str]:
         import httpx2 as httpx
-        from lightkube import ApiError
 
         what = f"logs of pod {pod}"
         try:
             yield from self.client.log(
                 pod, namespace=self.namespace, container=CONTAINER, follow=follow
             )
-        except ApiError as exc:
-            raise self._explain(what, exc.status.code or 0, exc.status.message or "") from None
+        except httpx.HTTPStatusError as exc:
+            raise self._explain(what, *_answer(exc)) from None
         except httpx.HTTPError as exc:
             raise ClusterError(f"{what}: {exc}") from None
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _notebook as nbs
+from ._jobs import CANCELLED, JOB_RECORD
 from ._models import Outcome, RunSpec, RunStatus
 from ._store import LOCAL_RUNS, RunStore
 
@@ -67,7 +68,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, A
     status = RunStatus(run.get("status", RunStatus.PENDING.value))
     if status is RunStatus.RUNNING and attempts and attempts[-1]["outcome"] == "killed":
         status = RunStatus.INTERRUPTED
-    cancelled = status is not RunStatus.SUCCEEDED and store.exists("cancelled.json")
+    cancelled = status is not RunStatus.SUCCEEDED and store.exists(CANCELLED)
     doc: dict[str, Any] = {
         "run_id": spec.run_id,
         "run_dir": store.url,
@@ -118,7 +119,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, A
         ],
         "preemptions": sum(1 for a in attempts if a.get("outcome") in ("preempted", "killed")),
     }
-    job = store.read_json("job.json") or {}
+    job = store.read_json(JOB_RECORD) or {}
     view = cluster(spec.run_id, job) if cluster is not None and job else {}
     if view:
         doc["cluster"] = view
