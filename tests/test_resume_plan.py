@@ -55,8 +55,7 @@ def test_only_producers_of_unrestored_variables_a_later_cell_reads() -> None:
     # 'marker' is a closed file no later cell reads: cell 3 (expensive) is not replayed.
     assert plan.head == (1, 2) and plan.tail == ()
     assert "fh" in plan.reasons[1] and "gen" in plan.reasons[2]
-    # Replaying cell 1 rebinds 'data'; it is restored again before the tail.
-    assert "data" in plan.restore_again and "fh" not in plan.restore_again
+    assert plan.chains == {"fh": (1,), "gen": (2,)} and plan.dropped == ("marker",)
 
 
 def test_cells_after_the_snapshot_form_the_tail() -> None:
@@ -64,9 +63,91 @@ def test_cells_after_the_snapshot_form_the_tail() -> None:
     assert plan.head == () and plan.tail == (3, 4)
 
 
-def test_transitive_producers_are_replayed() -> None:
+def test_transitive_producers_and_changers_are_replayed() -> None:
+    # gen reads data, which cannot be restored either: data's chain is cell 1, which
+    # makes it, and cell 4, which changes it in place
     plan = _plan(4, {"gen", "data"})
-    assert plan.head == (1, 2)
+    assert plan.head == (1, 2, 4)
+    assert plan.chains["data"] == (1, 2, 4) and plan.chains["gen"] == (2,)
+
+
+def _chain(sources: list[str], unrestored: dict[str, str], **kw):
+    n = len(sources)
+    return plan_resume(
+        start=n - 1,
+        executable=[True] * n,
+        sources=sources,
+        tags=[[] for _ in sources],
+        snapshot_after=n - 2,
+        unrestored=unrestored,
+        **kw,
+    )
+
+
+def test_a_chain_holds_every_cell_that_advanced_a_generator() -> None:
+    plan = _chain(
+        ["g = (i for i in range(9))", "x = 1", "next(g)", "y = [next(g) for _ in 'ab']", "next(g)"],
+        {"g": "generator"},
+    )
+    assert plan.chains == {"g": (0, 2, 3)} and plan.head == (0, 2, 3)
+    assert "generator" in plan.reasons[2] and plan.may_differ == ()
+
+
+def test_a_value_rebuilt_from_itself_replays_each_step() -> None:
+    plan = _chain(
+        [
+            "import threading\nstate = {'lock': threading.Lock(), 'n': 0}",
+            "state = {**state, 'n': state['n'] + 1}",
+            "state = {**state, 'n': state['n'] + 1}",
+            "print(state['n'])",
+        ],
+        {"state": "dict"},
+    )
+    assert plan.chains == {"state": (0, 1, 2)}
+
+
+def test_what_cannot_be_rebuilt_is_named() -> None:
+    plan = _chain(["globals()['g'] = iter(range(3)).__iter__()", "x = 1", "next(g)"], {"g": ""})
+    assert "no cell before the snapshot binds it" in plan.unrebuildable["g"]
+    tags = [["spotbook-no-replay"], [], []]
+    plan = plan_resume(
+        start=2,
+        executable=[True] * 3,
+        sources=["g = iter(x for x in 'ab')", "x = 1", "next(g)"],
+        tags=tags,
+        snapshot_after=1,
+        unrestored={"g": "generator"},
+    )
+    assert "spotbook-no-replay" in plan.unrebuildable["g"]
+
+
+def test_what_may_differ_is_said_by_name() -> None:
+    sources = ["k = 1\ng = (k * i for i in range(5))", "k = 2", "next(g)"]
+    effects = {0: {"writes": ["/w/results.csv"], "random": ["random"]}, 1: {"runs": ["ls"]}}
+    plan = _chain(sources, {"g": "generator"}, effects=effects)
+    said = " | ".join(plan.may_differ)
+    assert "cell 0 draws from a global random generator; writes /w/results.csv" in said
+    assert "cell 1" not in said  # not replayed: its effects do not matter
+    # with the generators' starting state recorded, the draws are replayed exactly
+    plan = _chain(sources, {"g": "generator"}, effects=effects, rng_known=frozenset({0}))
+    assert "random" not in " | ".join(plan.may_differ)
+    # a chain cell that reads a restored value a later cell changed is named
+    sources = ["g = (x for x in range(3))\nprint(n)", "n = 5", "next(g)"]
+    plan = _chain(["n = 1", *sources], {"g": "generator"})
+    assert any("'n' as it was at the snapshot" in m for m in plan.may_differ)
+    # in order (no snapshot): only the world effects count, not the draws
+    plan = plan_resume(
+        start=2,
+        executable=[True] * 3,
+        sources=sources,
+        tags=[[], [], []],
+        snapshot_after=None,
+        effects=effects,
+    )
+    assert plan.may_differ == (
+        "cell 0 writes /w/results.csv, and was replayed",
+        "cell 1 runs ls, and was replayed",
+    )
 
 
 def test_tags_force_or_forbid_replay() -> None:

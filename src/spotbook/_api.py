@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ def prepare_run(
     snapshot: SnapshotPolicy | None = None,
     run_dir: str | None = None,
     restart: bool = False,
+    strict_resume: bool = False,
 ) -> RunStore:
     """Freeze the parameterised notebook into a run store (or reopen a matching one)."""
     params = dict(parameters or {})
@@ -66,6 +68,8 @@ def prepare_run(
         input_sha256=nbs.content_hash(nb),
         limits=limits or Limits(),
         snapshot=snapshot or SnapshotPolicy(),
+        hash_seed=os.environ.get("PYTHONHASHSEED") or str(secrets.randbelow(2**32)),
+        strict_resume=strict_resume,
     )
     existing = store.read_json("run.json")
     if existing is not None and not restart:
@@ -77,7 +81,14 @@ def prepare_run(
                 "--run-dir, or pass --restart to discard it and start over"
             )
         # Same notebook: continue it. Limits and output may be changed by the new command.
-        spec = RunSpec(**{**vars(spec), "run_id": old.run_id, "created": old.created})
+        spec = RunSpec(
+            **{
+                **vars(spec),
+                "run_id": old.run_id,
+                "created": old.created,
+                "hash_seed": old.hash_seed,  # its kernels so far hashed strings this way
+            }
+        )
         store.write_json("run.json", {**existing, "spec": spec.to_json()})
         return store
     if existing is not None:
@@ -119,6 +130,7 @@ def execute_notebook(
     run_dir: str | None = None,
     snapshot: str = "auto",
     restart: bool = False,
+    strict_resume: bool = False,
     **papermill_kwargs: Any,
 ) -> Any:
     """Run a notebook like ``papermill.execute_notebook``; return the output notebook.
@@ -146,6 +158,7 @@ def execute_notebook(
         snapshot=SnapshotPolicy.parse(snapshot),
         run_dir=run_dir,
         restart=restart,
+        strict_resume=strict_resume,
     )
     if prepare_only:
         data = store.read("input.ipynb")

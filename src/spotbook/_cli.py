@@ -20,6 +20,7 @@ from ._errors import (
     CellError,
     ExecutionTimeoutError,
     PreemptionBudgetError,
+    ResumeRefusedError,
     RunNotFoundError,
     SnapshotIntegrityError,
     SpotbookError,
@@ -32,6 +33,7 @@ from ._jobs import CANCELLED, JOB_RECORD
 from ._models import (
     EXIT_BUDGET,
     EXIT_CELL_ERROR,
+    EXIT_RESUME_REFUSED,
     EXIT_STOPPED,
     EXIT_STORAGE,
     EXIT_TIMEOUT,
@@ -52,6 +54,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (PreemptionBudgetError, EXIT_BUDGET),
     (ExecutionTimeoutError, EXIT_TIMEOUT),
     (StorageError, EXIT_STORAGE),
+    (ResumeRefusedError, EXIT_RESUME_REFUSED),
     (SnapshotIntegrityError, EXIT_USAGE),
     (UsageError, EXIT_USAGE),
     (CellError, EXIT_CELL_ERROR),
@@ -124,6 +127,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="with auto: also snapshot after this much compute",
     )
     s.add_argument("--max-preemptions", type=int, metavar="N")
+    s.add_argument(
+        "--strict-resume",
+        action="store_true",
+        help="refuse to resume (exit 6) when the resumed run could differ from an "
+        "uninterrupted one; the fidelity report in `spotbook status` says what",
+    )
     s.add_argument(
         "--max-output-bytes",
         type=int,
@@ -273,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     res = sub.add_parser("resume", help="continue a killed run after its last saved cell")
     res.add_argument("run", metavar="RUN", help="run id or run store URL")
     res.add_argument("--log-output", action="store_true")
+    res.add_argument(
+        "--strict-resume",
+        action="store_true",
+        help="refuse (exit 6) when the resumed run could differ from an uninterrupted one",
+    )
     res.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
     _add_common(res)
     st = sub.add_parser("status", help="where a run stands (store, and cluster if submitted)")
@@ -385,6 +399,7 @@ def _echo_output(kind: str, content: dict[str, Any]) -> None:
 def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
     opts = RunnerOptions(
         grace=args.grace,
+        strict_resume=bool(getattr(args, "strict_resume", False)),
         on_output=_echo_output if args.log_output else None,
         on_progress=_Progress(args.progress_bar),
     )
@@ -431,6 +446,7 @@ def _prepare(args: argparse.Namespace) -> RunStore:
         snapshot=SnapshotPolicy.parse(args.snapshot, args.snapshot_interval),
         run_dir=args.run_dir,
         restart=args.restart,
+        strict_resume=args.strict_resume,
     )
 
 
@@ -816,6 +832,10 @@ def _attempt_details(a: dict[str, Any]) -> list[str]:
             f"checkpoint files: {a.get('checkpoint_restored_bytes', 0)} bytes restored, "
             f"{a.get('checkpoint_uploaded_bytes', 0)} bytes saved"
         )
+    if a.get("fidelity"):
+        from ._fidelity import summary_lines
+
+        out.extend(f"resume: {line}" for line in summary_lines(a["fidelity"]))
     return out
 
 

@@ -20,6 +20,7 @@
     │   └── RunTimeoutError             the run exceeded --timeout
     ├── PreemptionBudgetError           more preemptions than the run allows
     ├── SnapshotIntegrityError          a snapshot failed its HMAC check
+    ├── ResumeRefusedError              --strict-resume: the resumed run could differ
     └── Terminated                      stopped on SIGTERM/SIGINT after saving progress
 
 Only the CLI maps these to exit codes (``_cli.EXIT_CODES``); the library raises.
@@ -151,6 +152,10 @@ class PreemptionBudgetError(SpotbookError):
 
 class SnapshotIntegrityError(SpotbookError):
     """A kernel-state snapshot failed verification and was not loaded."""
+
+
+class ResumeRefusedError(SpotbookError):
+    """``--strict-resume``: the resumed run could differ from an uninterrupted one."""
 
 
 class Terminated(SpotbookError):

@@ -157,6 +157,8 @@ class KernelSession:
         self._env = env
         self._last_reply: dict[str, Any] = {}
         self._ipc_dir: str | None = None
+        # evaluated after every cell, in the cell's own reply (no extra round trip)
+        self.cell_expressions: dict[str, str] = {}
         self.language_info: dict[str, Any] = {}
 
     def _on_executed(self, cell: Any, cell_index: int, execute_reply: Any) -> None:
@@ -185,6 +187,7 @@ class KernelSession:
             await client.async_start_new_kernel_client()
             for channel in (self._kc.shell_channel, self._kc.iopub_channel):
                 _repoll(channel)
+            self._piggyback(self._kc)
         except RuntimeError as exc:
             raise KernelStartError(
                 f"kernel {self._kernel_name!r} did not answer within the start timeout "
@@ -193,6 +196,21 @@ class KernelSession:
         msg_id = self._kc.kernel_info()
         reply = await self._reply(msg_id, timeout=float(client.startup_timeout))
         self.language_info = dict(reply["content"].get("language_info") or {})
+
+    def _piggyback(self, kc: Any) -> None:
+        """Ask for ``cell_expressions`` with every cell nbclient sends."""
+        execute = kc.execute
+
+        def execute_cell(code: str, *args: Any, **kwargs: Any) -> Any:
+            if (
+                self.cell_expressions
+                and not kwargs.get("silent")
+                and "user_expressions" not in kwargs
+            ):
+                kwargs["user_expressions"] = self.cell_expressions
+            return execute(code, *args, **kwargs)
+
+        kc.execute = execute_cell
 
     @property
     def _kc(self) -> Any:
@@ -302,6 +320,24 @@ class KernelSession:
         if result.get("status") != "ok":
             raise RuntimeError(f"{result.get('ename')}: {result.get('evalue')}")
         return ast.literal_eval(result["data"]["text/plain"])
+
+    async def call(self, code: str, result: str, timeout: float | None = None) -> Any:
+        """Run ``code`` silently as a cell would run (inside IPython's ``run_cell``, so
+        imports see the kernel as a cell's imports do), then evaluate ``result``.
+
+        Nothing reaches the notebook: no history, no execution count, no output.
+        Raises RuntimeError with the kernel's error if either failed.
+        """
+        kc = self._kc
+        msg_id = kc.execute(code, silent=True, store_history=False, user_expressions={"r": result})
+        reply = await self._reply(msg_id, timeout)
+        content = reply["content"]
+        if content.get("status") != "ok":
+            raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+        value = content.get("user_expressions", {}).get("r", {})
+        if value.get("status") != "ok":
+            raise RuntimeError(f"{value.get('ename')}: {value.get('evalue')}")
+        return ast.literal_eval(value["data"]["text/plain"])
 
     async def shutdown(self) -> None:
         client = self._client

@@ -22,6 +22,7 @@ class RunStatus(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    RESUME_REFUSED = "resume-refused"
 
 
 class Outcome(enum.StrEnum):
@@ -35,6 +36,7 @@ class Outcome(enum.StrEnum):
     KILLED = "killed"
     SUPERSEDED = "superseded"
     STORAGE_ERROR = "storage-error"
+    RESUME_REFUSED = "resume-refused"
 
 
 class SnapshotMode(enum.StrEnum):
@@ -131,6 +133,11 @@ class RunSpec:
     limits: Limits = field(default_factory=Limits)
     snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
     created: float = field(default_factory=time.time)
+    # every kernel of the run gets this PYTHONHASHSEED, so a set or dict of strings
+    # iterates in the same order after a resume as before it
+    hash_seed: str | None = None
+    # refuse to resume (exit 6) when the resumed run could differ
+    strict_resume: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -152,6 +159,8 @@ class RunSpec:
             limits=Limits(**(data.get("limits") or {})),
             snapshot=SnapshotPolicy(**snap),
             created=data.get("created", 0.0),
+            hash_seed=data.get("hash_seed"),
+            strict_resume=bool(data.get("strict_resume", False)),
         )
 
 
@@ -162,6 +171,9 @@ EXIT_USAGE = 2  # bad usage, input notebook or parameters
 EXIT_STORAGE = 3  # storage or infrastructure: may pass on retry
 EXIT_TIMEOUT = 4  # a cell or the whole run took too long
 EXIT_BUDGET = 5  # preemption budget exhausted
+EXIT_RESUME_REFUSED = 6  # --strict-resume: the resumed run could differ from an uninterrupted one
 EXIT_STOPPED = 75  # stopped on SIGTERM after saving progress
 # What a retry cannot fix: the Job's podFailurePolicy fails the Job on these at once.
-EXIT_CODES_FAIL_JOB = frozenset({EXIT_CELL_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BUDGET})
+EXIT_CODES_FAIL_JOB = frozenset(
+    {EXIT_CELL_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BUDGET, EXIT_RESUME_REFUSED}
+)

@@ -11,6 +11,7 @@ the attempt as preempted.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import json
@@ -21,6 +22,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,6 +34,7 @@ from ._errors import (
     CellTimeoutError,
     KernelDiedError,
     PreemptionBudgetError,
+    ResumeRefusedError,
     RunTimeoutError,
     SnapshotIntegrityError,
     StorageError,
@@ -40,15 +43,17 @@ from ._errors import (
     UsageError,
 )
 from ._executor import CellResult, KernelDied, KernelSession, kernel_env, python_transform
-from ._kernel_side import sign
+from ._fidelity import FidelityReport
 from ._models import Clock, Outcome, RunSpec, RunStatus, SnapshotMode
 from ._resume import ResumePlan, plan_resume
-from ._store import CellKey, RunStore
+from ._store import CellKey, RunStore, sign_manifest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_KERNEL_MODULE = "__import__('spotbook._kernel_side', fromlist=['_'])"
+_KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 _EXIT_OK = {"", "0", "None"}
+SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
+_TRANSFERS = 8  # object stores: concurrent blob transfers
 # After a termination notice: how long saving (a snapshot in progress, or one last
 # snapshot) may take, counted from the notice. GKE gives a pod ~15 s; exit within 10.
 SAVE_BUDGET = 6.0
@@ -64,6 +69,7 @@ class RunnerOptions:
     clock: Clock = time.time
     handle_signals: bool = True
     grace: float | None = None  # overrides the run's --grace for this attempt
+    strict_resume: bool = False  # refuse to resume when the result could differ
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,9 @@ class Runner:
         self._files: CheckpointDir | None = None  # object stores: the synced checkpoint dir
         self._files_task: asyncio.Future[None] | None = None
         self._early_sync: asyncio.Future[None] | None = None
+        self._tmp = ""
+        self._kernel_env: dict[str, str] = {}
+        self._uploaded: set[str] = set()  # object stores: blobs known to be in the store
 
     # -- entry ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -164,6 +173,7 @@ class Runner:
         self._check_budget()
         self._claim(start)
         tmp = tempfile.mkdtemp(prefix="spotbook-")
+        self._tmp = tmp
         self._notice = _Notice(os.path.join(tmp, "notice"))
         loop = asyncio.get_running_loop()
         installed = self._install_signals(loop)
@@ -180,6 +190,7 @@ class Runner:
                     os.unlink(path)
             if self._files is not None:
                 shutil.rmtree(self._files.local, ignore_errors=True)
+            shutil.rmtree(os.path.join(tmp, "blobs"), ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.rmdir(tmp)
 
@@ -294,19 +305,14 @@ class Runner:
                 "SPOTBOOK_RUN_ID": self.spec.run_id,
                 "SPOTBOOK_NOTICE_FILE": self._notice.path,
                 "SPOTBOOK_CHECKPOINT_DIR": checkpoint,
+                **({"PYTHONHASHSEED": self.spec.hash_seed} if self.spec.hash_seed else {}),
             }
         )
-        self.session = KernelSession(
-            self.nb,
-            kernel_name=self.spec.kernel_name,
-            cwd=self.spec.cwd,
-            start_timeout=limits.start_timeout,
-            env=env,
-            on_output=self.opts.on_output,
-        )
+        self._kernel_env = env
         try:
             started = time.monotonic()
-            await self._race(self.session.start(), grace=0.0, index=start)
+            await self._start_kernel(start)
+            assert self.session is not None
             self.attempt_rec["kernel_start_seconds"] = round(time.monotonic() - started, 3)
             if files_restored is not None:
                 self.attempt_rec["checkpoint_restored_bytes"] = await files_restored
@@ -318,7 +324,9 @@ class Runner:
                 self.session.seed_cell(
                     index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
                 )
-            plan = await self._restore(start) if self.records else None
+            plan = None
+            if self.records:
+                plan, start = await self._restore(start)
             if plan is None and self.attempt > 1:
                 # a later attempt with nothing to restore: it is back on new cells now
                 self.attempt_rec["resumed_at"] = self.opts.clock()
@@ -342,6 +350,10 @@ class Runner:
             raise
         except SupersededError:
             self._end_attempt(Outcome.SUPERSEDED)
+            raise
+        except ResumeRefusedError as exc:
+            self._end_attempt(Outcome.RESUME_REFUSED, error=str(exc))
+            self._set_status(RunStatus.RESUME_REFUSED, str(exc))
             raise
         except (CellExecutionError, KernelDiedError) as exc:
             await self._wrap_up(probe=isinstance(exc, CellExecutionError))
@@ -567,6 +579,10 @@ class Runner:
         }
         if result.error:
             rec["error"] = result.error
+        noted = _cell_effects(result.reply)
+        for key in ("effects", "pre"):
+            if noted.get(key):
+                rec[key] = noted[key]
         assert self.session is not None
         display_ids = self.session.display_ids(index)
         if display_ids:
@@ -672,13 +688,22 @@ class Runner:
         self._refresh(force=True, final=True)
         return self._result()
 
-    # -- snapshots ------------------------------------------------------------------
-    async def _snapshot(self, index: int) -> None:
-        assert self.session is not None
-        m0 = time.monotonic()
-        expr = f"{_KERNEL_MODULE}.snapshot({self.store.url!r})"
+    # -- the kernel -------------------------------------------------------------------
+    async def _start_kernel(self, index: int) -> None:
+        """Start a kernel and spotbook's watchers in it, before any cell runs."""
+        self.session = KernelSession(
+            self.nb,
+            kernel_name=self.spec.kernel_name,
+            cwd=self.spec.cwd,
+            start_timeout=self.spec.limits.start_timeout,
+            env=self._kernel_env,
+            on_output=self.opts.on_output,
+        )
+        await self._race(self.session.start(), grace=0.0, index=index)
         try:
-            raw = await self._race(self.session.evaluate(expr), grace=self._grace, index=index)
+            await self._race(
+                self.session.evaluate(f"{_KERNEL_MODULE}.init()"), grace=0.0, index=index
+            )
         except RuntimeError as exc:
             self._snap_enabled = False
             log.warning(
@@ -687,21 +712,60 @@ class Runner:
                 exc,
             )
             return
+        self.session.cell_expressions = {"spotbook": f"{_KERNEL_MODULE}.cell_effects()"}
+
+    def _blob_dir(self) -> str:
+        """Where the kernel reads and writes blobs: the store's own directory on a local
+        disk, else a staging directory the runner uploads from and downloads into."""
+        if self.store.local:
+            return self.store.path("state/blobs")
+        path = os.path.join(self._tmp, "blobs")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    # -- snapshots ------------------------------------------------------------------
+    async def _snapshot(self, index: int) -> None:
+        assert self.session is not None
+        m0 = time.monotonic()
+        expr = f"{_KERNEL_MODULE}.snapshot({self._blob_dir()!r})"
+        try:
+            raw = await self._race(self.session.evaluate(expr), grace=self._grace, index=index)
+        except RuntimeError as exc:
+            self._snap_enabled = False
+            log.warning(
+                "kernel-state snapshots are off for this run: the snapshot failed in the "
+                "kernel (%s); a resume will replay the finished cells instead",
+                exc,
+            )
+            return
         manifest = json.loads(raw)
-        variables = manifest["vars"]
+        if not self.store.local:
+            await self._race(
+                asyncio.to_thread(self._upload, manifest["new_blobs"]),
+                grace=self._grace,
+                index=index,
+            )
         doc = {
+            "format": SNAPSHOT_FORMAT,
+            "run_id": self.spec.run_id,
             "after": index,
             "attempt": self.attempt,
-            "vars": variables,
-            "mac": sign(self.store.key(), variables),
+            "vars": manifest["vars"],
+            "stream": manifest["stream"],
+            "env": manifest["env"],
+            "imports": manifest["imports"],
+            "uncaptured": manifest["uncaptured"],
+            "threads": manifest["threads"],
             "bytes_written": manifest["written"],
             "kernel_seconds": manifest["seconds"],
+            "capture_seconds": manifest["capture_seconds"],
         }
+        doc["mac"] = sign_manifest(self.store.key(), doc)
         self._fence()
         self.store.write_json(f"state/snap/{CellKey(index, self.attempt).name}", doc)
         self._blob_bytes += int(manifest["written"])
         cost = time.monotonic() - m0
-        # The first snapshot of an attempt also pays for importing the snapshot code in
+        # The first snapshot of an attempt also pays for warming the snapshot code in
         # the kernel; the policy wants what the next one will cost.
         self._snap_cost = cost if self._snaps_taken else manifest["seconds"]
         if manifest["seconds"] > 0 and manifest["state_bytes"] > 1 << 20:
@@ -709,6 +773,35 @@ class Runner:
         self._snaps_taken += 1
         self._compute_since_snap = 0.0
         log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
+
+    def _upload(self, digests: list[str]) -> None:
+        """Object stores: send the blobs the kernel staged that the store lacks."""
+        todo = [d for d in dict.fromkeys(digests) if d not in self._uploaded]
+
+        def one(digest: str) -> None:
+            rel = self.store.blob_path(digest)
+            if not self.store.exists(rel):
+                self.store.put_file(os.path.join(self._blob_dir(), digest), rel)
+            self._uploaded.add(digest)
+
+        with ThreadPoolExecutor(_TRANSFERS) as pool:
+            list(pool.map(one, todo))
+
+    def _download(self, doc: dict[str, Any]) -> None:
+        """Object stores: fetch a snapshot's blobs into the staging directory."""
+        stream = doc["stream"]
+        digests = list(dict.fromkeys([stream["stream"], *stream["buffers"], doc["imports"]]))
+        staging = self._blob_dir()
+
+        def one(digest: str) -> None:
+            local = os.path.join(staging, digest)
+            if not os.path.exists(local):
+                self.store.get_file(self.store.blob_path(digest), local + ".part")
+                os.replace(local + ".part", local)
+            self._uploaded.add(digest)
+
+        with ThreadPoolExecutor(_TRANSFERS) as pool:
+            list(pool.map(one, digests))
 
     async def _snapshot_due(self) -> bool:
         policy = self.spec.snapshot
@@ -740,35 +833,133 @@ class Runner:
             with contextlib.suppress(Terminated):
                 await self._snapshot(index)
 
-    async def _restore(self, start: int) -> ResumePlan:
-        """Restore the newest usable snapshot and replay what the plan says."""
+    # -- resume ---------------------------------------------------------------------
+    def _usable_snapshot(self, start: int) -> dict[str, Any] | None:
+        """The newest committed snapshot before ``start``, verified, or None."""
+        keys = [k for i, k in self.store.snapshot_keys().items() if i < start]
+        if not keys or not self._snap_enabled:
+            return None
+        key = max(keys, key=lambda k: k.index)
+        doc = self.store.read_json(f"state/snap/{key.name}")
+        if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
+            log.warning(
+                "snapshot %s was written by another version of spotbook; the finished "
+                "cells are replayed instead",
+                key.name,
+            )
+            return None
+        expected = {"run_id": self.spec.run_id, "after": key.index, "attempt": key.attempt}
+        if sign_manifest(self.store.key(), doc) != doc.get("mac") or any(
+            doc.get(k) != v for k, v in expected.items()
+        ):
+            raise SnapshotIntegrityError(
+                f"snapshot state/snap/{key.name} in {self.store.url} failed its integrity "
+                "check (HMAC) and was not loaded; the store was modified or the key changed. "
+                "Rerun from the start with `spotbook run ... --restart`"
+            )
+        doc["name"] = key.name
+        return doc
+
+    async def _kernel_call(self, code: str, index: int) -> Any:
+        assert self.session is not None
+        return await self._race(
+            self.session.call(code, f"{_KERNEL_MODULE}.result()"), grace=0.0, index=index
+        )
+
+    async def _load_state(self, doc: dict[str, Any], index: int) -> dict[str, Any]:
+        """Put a snapshot's variables and library options back (not the generators)."""
+        assert self.session is not None
+        blob_dir = self._blob_dir()
+        manifest = json.dumps({"vars": doc["vars"], "stream": doc["stream"]})
+        await self._kernel_call(f"{_KERNEL_MODULE}.restore({blob_dir!r}, {manifest!r})", index)
+        result: dict[str, Any] = json.loads(
+            await self.session.evaluate(f"{_KERNEL_MODULE}.result()")
+        )
+        if "integrity" in result:
+            raise SnapshotIntegrityError(
+                f"snapshot {doc['name']} was refused by the kernel: {result['integrity']}; "
+                "the store was modified: rerun with --restart"
+            )
+        return result
+
+    async def _restore(self, start: int) -> tuple[ResumePlan | None, int]:
+        """Restore the newest usable snapshot and replay what the plan says.
+
+        Returns the plan and the cell to go on from: ``start``, or 0 when the state
+        could not be rebuilt and the attempt falls back to a fresh run.
+        """
         assert self.session is not None
         m0 = time.monotonic()
-        snap_key = max(
-            (k for i, k in self.store.snapshot_keys().items() if i < start),
-            key=lambda k: k.index,
-            default=None,
-        )
+        doc = self._usable_snapshot(start)
+        report = FidelityReport(snapshot=doc["name"] if doc else None)
         failed: dict[str, str] = {}
-        snap_doc = None
-        if snap_key is not None and self._snap_enabled:
-            snap_doc = self.store.read_json(f"state/snap/{snap_key.name}")
-            failed = await self._load_snapshot(snap_doc, None, start)
-        plan = plan_resume(
-            start=start,
-            executable=[nbs.executable(c) for c in self.nb.cells],
-            sources=nbs.cell_sources(self.nb),
-            tags=nbs.cell_tags(self.nb),
-            snapshot_after=snap_doc["after"] if snap_doc else None,
-            unrestored=frozenset(failed),
-            transform=python_transform,
-        )
-        for index in plan.head:
-            await self._replay(index)
-        if snap_doc is not None and plan.restore_again:
-            await self._load_snapshot(snap_doc, sorted(plan.restore_again), start)
-        for index in plan.tail:
-            await self._replay(index)
+        kinds: dict[str, str] = {}
+        try:
+            if doc is not None:
+                if not self.store.local:
+                    await self._race(asyncio.to_thread(self._download, doc), grace=0.0, index=start)
+                env_failed = json.loads(
+                    await self.session.evaluate(
+                        f"{_KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
+                    )
+                )
+                await self._kernel_call(
+                    f"{_KERNEL_MODULE}.reimport({self._blob_dir()!r}, {doc['imports']!r})", start
+                )
+                loaded = await self._load_state(doc, start)
+                failed = loaded["failed"]
+                kinds = {n: str(v.get("type", "")) for n, v in doc["vars"].items()}
+                report.restored(doc, failed, {**env_failed, **loaded["process_failed"]})
+                self.attempt_rec["restored_bytes"] = loaded["bytes"]
+                self.attempt_rec["load_seconds"] = round(loaded["seconds"], 4)
+            plan = plan_resume(
+                start=start,
+                executable=[nbs.executable(c) for c in self.nb.cells],
+                sources=nbs.cell_sources(self.nb),
+                tags=nbs.cell_tags(self.nb),
+                snapshot_after=doc["after"] if doc else None,
+                unrestored={n: kinds.get(n, "") for n in failed},
+                transform=python_transform,
+                effects={i: r.get("effects") or {} for i, r in self.records.items()},
+                rng_known=frozenset(
+                    i for i, r in self.records.items() if (r.get("pre") or {}).get("rng")
+                ),
+                stable=frozenset(
+                    n
+                    for n, v in (doc or {}).get("vars", {}).items()
+                    if v.get("kind") == "module" or v.get("type") in ("function", "type")
+                ),
+            )
+            report.planned(plan)
+            if plan.unrebuildable:
+                raise _CannotRebuild(
+                    "; ".join(f"{n!r}: {why}" for n, why in sorted(plan.unrebuildable.items()))
+                )
+            self._refuse_if_strict(report)
+            for index in plan.head:
+                await self._set_pre(index, report)
+                await self._replay(index)
+            if doc is not None:
+                if plan.head:
+                    # what the chain changed in restored variables is undone; its own
+                    # variables stay
+                    await self.session.evaluate(
+                        f"{_KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
+                    )
+                    await self._load_state(doc, start)
+                missing = [n for n in plan.chains if not await self._bound(n)]
+                if missing:
+                    raise _CannotRebuild(
+                        f"replaying its chain did not bind {', '.join(map(repr, missing))}"
+                    )
+                report.process_problems(
+                    json.loads(await self.session.evaluate(f"{_KERNEL_MODULE}.apply_last()"))
+                )
+            for index in plan.tail:
+                await self._replay(index)
+        except (_CannotRebuild, _ReplayFailed) as exc:
+            return None, await self._fall_back(str(exc), report)
+        self._refuse_if_strict(report)
         last_count = max((r.get("execution_count") or 0 for r in self.records.values()), default=0)
         if last_count:
             with contextlib.suppress(RuntimeError):
@@ -777,70 +968,117 @@ class Runner:
                 )
         redone = sum(float(self.records.get(i, {}).get("duration") or 0.0) for i in plan.replay)
         self.attempt_rec.update(
-            restored_snapshot=snap_key.name if snap_key else None,
+            restored_snapshot=doc["name"] if doc else None,
             unrestored=sorted(failed),
             replayed=list(plan.replay),
             restore_seconds=round(time.monotonic() - m0, 3),
             redone_seconds=round(redone, 3),
+            fidelity=report.to_json(),
             resumed_at=self.opts.clock(),  # from here on, cells that were never run
         )
         self.store.update_attempt(self.attempt, self.attempt_rec)
         log.info(
             "restored %s; replayed cells %s (%s)",
-            snap_key.name if snap_key else "no snapshot",
+            doc["name"] if doc else "no snapshot",
             list(plan.replay),
             "; ".join(f"{i}: {why}" for i, why in sorted(plan.reasons.items())) or "none",
         )
-        return plan
+        for line in report.may_differ:
+            log.warning("may differ from an uninterrupted run: %s", line)
+        return plan, start
 
-    async def _load_snapshot(
-        self, doc: dict[str, Any], only: list[str] | None, index: int
-    ) -> dict[str, str]:
+    async def _set_pre(self, index: int, report: FidelityReport) -> None:
+        """Before a chain cell: the cwd, environment and generators it first started from."""
         assert self.session is not None
-        if sign(self.store.key(), doc["vars"]) != doc.get("mac"):
-            raise SnapshotIntegrityError(
-                f"snapshot after cell {doc.get('after')} in {self.store.url} failed its "
-                "integrity check (HMAC) and was not loaded; the store was modified or the "
-                "key changed. Rerun from the start with `spotbook run ... --restart`"
+        pre: dict[str, Any] = {}
+        for i in sorted((i for i in self.records if i <= index), reverse=True):
+            env = (self.records[i].get("pre") or {}).get("env")
+            if env is not None:
+                pre["env"] = env
+                break
+        rng = (self.records.get(index, {}).get("pre") or {}).get("rng")
+        if rng:
+            pre["rng"] = rng
+        if pre:
+            expr = f"{_KERNEL_MODULE}.set_pre({json.dumps(pre)!r})"
+            report.process_problems(json.loads(await self.session.evaluate(expr)))
+
+    async def _bound(self, name: str) -> bool:
+        assert self.session is not None
+        return bool(await self.session.evaluate(f"{name!r} in get_ipython().user_ns"))
+
+    def _refuse_if_strict(self, report: FidelityReport) -> None:
+        if (self.spec.strict_resume or self.opts.strict_resume) and not report.exact:
+            raise ResumeRefusedError(
+                f"run {self.spec.run_id} was not resumed (--strict-resume): the resumed run "
+                f"could differ from an uninterrupted one: {'; '.join(report.may_differ)}. "
+                f"Resume without --strict-resume to accept that, or start over with "
+                f"`spotbook run ... --restart`"
             )
-        manifest = json.dumps({"vars": doc["vars"], "mac": doc["mac"]})
-        key = self.store.key().decode()
-        expr = f"{_KERNEL_MODULE}.restore({self.store.url!r}, {manifest!r}, {key!r}, {only!r})"
-        try:
-            raw = await self._race(self.session.evaluate(expr), grace=0.0, index=index)
-        except RuntimeError as exc:
-            log.warning("could not restore kernel state (%s); replaying instead", exc)
-            self._snap_enabled = False
-            return dict.fromkeys(doc["vars"], str(exc))
-        result = json.loads(raw)
-        if "integrity" in result:
-            raise SnapshotIntegrityError(
-                f"snapshot after cell {doc.get('after')} was refused by the kernel: "
-                f"{result['integrity']}; rerun with --restart"
-            )
-        failed: dict[str, str] = result["failed"]
-        self.attempt_rec["restored_bytes"] = (
-            self.attempt_rec.get("restored_bytes", 0) + result["bytes"]
+
+    async def _fall_back(self, why: str, report: FidelityReport) -> int:
+        """The state cannot be rebuilt: run the notebook again from its first cell in a
+        fresh kernel, as this attempt, and say what it cost."""
+        report.may_differ.append(f"the kernel state could not be rebuilt ({why})")
+        self._refuse_if_strict(report)
+        redone = sum(float(r.get("duration") or 0.0) for r in self.records.values())
+        log.warning(
+            "the kernel state could not be rebuilt (%s): running the notebook again from its "
+            "first cell in a fresh kernel (%.1f s of finished cells run again)",
+            why,
+            redone,
         )
-        self.attempt_rec["load_seconds"] = round(
-            self.attempt_rec.get("load_seconds", 0.0) + result["seconds"], 4
+        assert self.session is not None
+        await self.session.shutdown()
+        self.records = {}
+        self.attempt_rec.update(
+            resumed_from=0,  # this attempt's records replace every earlier one's
+            fallback={"reason": why, "redone_seconds": round(redone, 3)},
+            replayed=[],
+            redone_seconds=round(redone, 3),
+            fidelity={**report.to_json(), "fallback": why},
+            resumed_at=self.opts.clock(),
         )
-        return failed
+        self.store.update_attempt(self.attempt, self.attempt_rec)
+        await self._start_kernel(0)
+        self.nb.metadata["language_info"] = self.session.language_info
+        return 0
 
     async def _replay(self, index: int) -> None:
         assert self.session is not None
-        result = await self._race(self.session.replay_cell(index), grace=0.0, index=index)
+        try:
+            result = await self._race(self.session.replay_cell(index), grace=0.0, index=index)
+        except KernelDied:
+            raise _ReplayFailed(f"the kernel died while replaying cell {index}") from None
         if result.error and not result.allowed_error:
-            raise CellExecutionError(
-                cell_index=index,
-                execution_count=None,
-                ename=result.error["ename"],
-                evalue=f"{result.error['evalue']} (while replaying cell {index} to rebuild "
-                "kernel state on resume; rerun with --restart if it cannot be replayed)",
+            raise _ReplayFailed(
+                f"replaying cell {index} raised {result.error['ename']}: {result.error['evalue']}"
             )
 
 
+class _CannotRebuild(Exception):
+    """Internal: the kernel state cannot be rebuilt from the snapshot and replays."""
+
+
+class _ReplayFailed(_CannotRebuild):
+    """Internal: a replayed cell raised, or the kernel died replaying it."""
+
+
 _INTERRUPTED = {Outcome.PREEMPTED.value, Outcome.KILLED.value, Outcome.RUNNING.value}
+
+
+def _cell_effects(reply: dict[str, Any]) -> dict[str, Any]:
+    """What the kernel noted about a cell: its effects (files written, processes, random
+    draws) and, where a replay needs them, the cwd, environment and generators it
+    started from."""
+    value = (reply.get("user_expressions") or {}).get("spotbook") or {}
+    if value.get("status") != "ok":
+        return {}
+    try:
+        found = json.loads(ast.literal_eval(value["data"]["text/plain"]))
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _complete_kernelspec(nb: Any, name: str, language_info: dict[str, Any]) -> None:

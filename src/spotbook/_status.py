@@ -111,6 +111,8 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, A
                     "checkpoint_restored_bytes",
                     "checkpoint_uploaded_bytes",
                     "checkpoint_files",
+                    "fidelity",
+                    "fallback",
                     "error",
                 )
                 if a.get(k) is not None

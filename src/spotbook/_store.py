@@ -28,6 +28,8 @@ attempt can never change what a newer one sees.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -59,6 +61,8 @@ _FILES_RE = re.compile(r"^a(\d{4})-(\d{6})\.json$")
 RETRY_TRIES = 8
 RETRY_FIRST = 0.2  # seconds before the first retry; doubles, with jitter
 RETRY_MAX_SLEEP = 5.0
+# the retries' own generator: never the global one a notebook may have seeded
+_jitter = random.SystemRandom()
 # Errors retrying cannot fix: the answer would be the same.
 _PERMANENT = (
     FileNotFoundError,
@@ -97,9 +101,16 @@ def with_retries(op: Callable[[], T], what: str, tries: int = RETRY_TRIES) -> T:
                 attempt,
                 delay,
             )
-            time.sleep(delay * (0.5 + random.random()))
+            time.sleep(delay * (0.5 + _jitter.random()))
             delay = min(delay * 2, RETRY_MAX_SLEEP)
     raise AssertionError("unreachable")
+
+
+def sign_manifest(key: bytes, doc: dict[str, Any]) -> str:
+    """HMAC over a manifest's every field but its ``mac`` (blobs are bound by sha256)."""
+    body = {k: v for k, v in doc.items() if k not in ("mac", "name")}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canon, hashlib.sha256).hexdigest()
 
 
 def new_run_id(now: float | None = None) -> str:

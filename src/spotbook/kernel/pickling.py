@@ -1,0 +1,369 @@
+"""The notebook's variables as one pickle stream, and reducers for handles.
+
+One stream with one memo for the whole namespace keeps shared references: a list
+held by two variables, or by a variable and a dict, comes back as one list. Each
+variable is its own segment of the stream; a variable that fails to pickle is
+cut out (its bytes, its out-of-band buffers and its memo entries) and listed, so
+the others are still saved. Large buffers (numpy arrays, bytes, bytearrays) go
+out of band (pickle protocol 5) into content-addressed blob files, so an
+unchanged array is hashed but never written twice.
+
+Reducers capture what plain pickling cannot, so it needs no replay:
+
+- open files: path, mode, position and encoding; a file opened for writing is
+  reopened without truncation at its position, and cut back to the size it had
+  at the snapshot (what was written after the snapshot is written again by the
+  cells that run again);
+- SQLite connections: ``:memory:`` databases through ``serialize()``, file
+  databases by path;
+- locks (held or not), and so the events, conditions, semaphores and queues built
+  on them;
+- ``sys.stdout``/``sys.stderr`` (a logging handler writing to them, say);
+- numpy views of an array that is saved too: a view again, not a copy;
+- functions defined in the notebook: re-bound to the live namespace.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import os
+import pickle
+import sqlite3
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+
+OUT_OF_BAND = 64 * 1024  # buffers at least this large are stored as their own blobs
+_LOCK_TYPE = type(threading.Lock())
+_RLOCK_TYPE = type(threading.RLock())
+_FILE_TYPES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.FileIO)
+_WRITING = set("wax+")
+
+
+# -- what a reducer's restore side calls --------------------------------------------
+def _shell() -> Any:
+    from IPython import get_ipython  # the kernel always has IPython
+
+    return get_ipython()
+
+
+def with_globals(func: types.FunctionType, glb: dict[str, Any]) -> types.FunctionType:
+    """A copy of ``func`` that looks its globals up in ``glb``."""
+    new = types.FunctionType(func.__code__, glb, func.__name__, func.__defaults__, func.__closure__)
+    new.__kwdefaults__ = func.__kwdefaults__
+    new.__qualname__ = func.__qualname__
+    new.__doc__ = func.__doc__
+    new.__dict__.update(func.__dict__)
+    new.__annotations__ = func.__annotations__
+    new.__module__ = func.__module__
+    return new
+
+
+def rebind_main(func: types.FunctionType) -> types.FunctionType:
+    """Give a restored notebook function the live namespace as its globals."""
+    return with_globals(func, _shell().user_global_ns)
+
+
+def std_stream(name: str) -> Any:
+    return getattr(sys, name)
+
+
+def reopen(
+    path: str,
+    mode: str,
+    position: int,
+    size: int,
+    text: dict[str, Any] | None,
+    closed: bool,
+) -> Any:
+    """An open file as it was at the snapshot (see the module docstring)."""
+    writing = bool(_WRITING & set(mode))
+    if closed:
+        how = ("r", text or {}) if text is not None else ("rb", {})
+        try:  # closed at once: only its type and name matter
+            handle = open(path, how[0], **how[1])  # noqa: SIM115
+        except OSError:
+            handle = open(os.devnull, how[0], **how[1])  # noqa: SIM115
+        handle.close()
+        return handle
+    if writing:
+        flags = os.O_CREAT | (os.O_RDWR if "+" in mode else os.O_WRONLY)
+        if "a" in mode:
+            flags |= os.O_APPEND
+        fd = os.open(path, flags, 0o666)  # never O_TRUNC: what it wrote stays
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)  # written after the snapshot: the cells that wrote it run again
+        handle = open(fd, mode, **(text or {}))  # noqa: SIM115
+    else:
+        handle = open(path, mode, **(text or {}))  # noqa: SIM115
+    if position and "a" not in mode:
+        handle.seek(position)
+    return handle
+
+
+def restore_sqlite(path: str, image: bytes | None, isolation_level: Any) -> Any:
+    if image is None:
+        return sqlite3.connect(path, isolation_level=isolation_level)
+    con = sqlite3.connect(":memory:", isolation_level=isolation_level)
+    con.deserialize(image)
+    return con
+
+
+def new_lock(held: bool) -> Any:
+    lock = threading.Lock()
+    if held:
+        lock.acquire()
+    return lock
+
+
+def new_rlock() -> Any:
+    return threading.RLock()
+
+
+def view_of(
+    root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
+) -> Any:
+    import numpy  # only called when the snapshot held numpy arrays
+
+    return numpy.ndarray(shape, dtype=dtype, buffer=root, offset=offset, strides=strides)
+
+
+# -- capture ------------------------------------------------------------------------
+class Unsupported(Exception):
+    """A value this pickler declines (its cells are replayed instead)."""
+
+
+def _file_reduce(obj: Any) -> Any:
+    raw = obj
+    while hasattr(raw, "buffer") or hasattr(raw, "raw"):
+        raw = getattr(raw, "buffer", None) or raw.raw
+    name = getattr(raw, "name", None)
+    if not isinstance(name, str | int):
+        raise Unsupported("a file without a path")
+    mode = getattr(obj, "mode", "") or getattr(raw, "mode", "")
+    if isinstance(obj, io.TextIOWrapper) and "b" in mode:
+        mode = mode.replace("b", "")
+    if "b" not in mode and not isinstance(obj, io.TextIOWrapper):
+        mode += "b"
+    text = None
+    if isinstance(obj, io.TextIOWrapper):
+        text = {"encoding": obj.encoding, "errors": obj.errors}
+    if obj.closed:
+        path = name if isinstance(name, str) else os.devnull
+        return reopen, (os.path.abspath(path), mode, 0, 0, text, True)
+    fd = raw.fileno()
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")  # where it is now, whatever the cwd
+    except OSError:
+        if not isinstance(name, str):
+            raise Unsupported("a file opened from a descriptor") from None
+        path = os.path.abspath(name)
+    if path.endswith(" (deleted)") or not os.path.isfile(path):
+        raise Unsupported(f"{path} is not a regular file on disk")
+    if any(c in mode for c in "wax+"):
+        obj.flush()  # what it wrote so far is on disk, so its size is the snapshot's
+    position = obj.tell()
+    return reopen, (path, mode, position, os.fstat(fd).st_size, text, False)
+
+
+def _sqlite_reduce(con: sqlite3.Connection) -> Any:
+    try:
+        rows = con.execute("PRAGMA database_list").fetchall()
+    except sqlite3.ProgrammingError as exc:  # closed
+        raise Unsupported(f"a closed SQLite connection ({exc})") from None
+    main = next((r[2] for r in rows if r[1] == "main"), "")
+    if main:
+        return restore_sqlite, (main, None, con.isolation_level)
+    return restore_sqlite, (":memory:", con.serialize(), con.isolation_level)
+
+
+def _array_view(obj: Any, roots: dict[int, Any]) -> Any:
+    """A numpy array that views another saved array: (view_of, ...) or None."""
+    base = obj.base
+    while getattr(base, "base", None) is not None and type(base).__name__ == "ndarray":
+        base = base.base
+    if type(base).__name__ != "ndarray" or id(base) not in roots:
+        return None
+    if not base.flags.c_contiguous or base.dtype.hasobject or obj.dtype.hasobject:
+        return None
+    offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return view_of, (base, offset, obj.shape, obj.strides, obj.dtype)
+
+
+class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle with spotbook's reducers and out-of-band buffers."""
+
+    def __init__(
+        self,
+        file: Any,
+        user_globals: dict[str, Any],
+        on_buffer: Callable[[pickle.PickleBuffer], bool],
+        array_roots: dict[int, Any],
+    ) -> None:
+        super().__init__(file, protocol=5, buffer_callback=on_buffer)
+        self._user_globals = user_globals
+        self._roots = array_roots
+        self._std = {
+            id(getattr(sys, n)): n
+            for n in ("stdout", "stderr", "stdin", "__stdout__", "__stderr__", "__stdin__")
+            if getattr(sys, n, None) is not None
+        }
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is types.FunctionType and obj.__globals__ is self._user_globals:
+            bare = with_globals(obj, {"__builtins__": builtins, "__name__": "__main__"})
+            return rebind_main, (bare,)
+        if id(obj) in self._std and obj is getattr(sys, self._std[id(obj)]):
+            return std_stream, (self._std[id(obj)],)
+        if kind in _FILE_TYPES:
+            return _file_reduce(obj)
+        if kind is _LOCK_TYPE:
+            return new_lock, (obj.locked(),)
+        if kind is _RLOCK_TYPE:
+            if "count=0" not in repr(obj):
+                raise Unsupported("an RLock that is held")
+            return new_rlock, ()
+        if kind is sqlite3.Connection:
+            return _sqlite_reduce(obj)
+        if kind is bytes and len(obj) >= OUT_OF_BAND:
+            return bytes, (pickle.PickleBuffer(obj),)
+        if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and obj.base is not None:
+            found = _array_view(obj, self._roots)
+            if found is not None:
+                return found
+        return super().reducer_override(obj)
+
+
+class Blobs:
+    """A directory of content-addressed blob files (the store's, or a staging copy)."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.new: list[str] = []  # written by this object
+        self.written = 0
+
+    def path(self, digest: str) -> str:
+        return os.path.join(self.dir, digest)
+
+    def put(self, data: Any) -> str:
+        """Store ``data`` (bytes or a contiguous buffer); return its sha256."""
+        view = memoryview(data).cast("B")
+        digest = hashlib.sha256(view).hexdigest()
+        path = self.path(digest)
+        if not os.path.exists(path):
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                with open(fd, "wb") as fh:
+                    fh.write(view)  # the buffer itself: no copy
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            self.new.append(digest)
+            self.written += view.nbytes
+        return digest
+
+    def get(self, digest: str) -> bytearray:
+        """A blob's bytes, checked against its name before anyone unpickles them."""
+        with open(self.path(digest), "rb") as fh:
+            data = bytearray(os.fstat(fh.fileno()).st_size)
+            fh.readinto(data)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise IntegrityError(f"blob {digest[:12]}… does not match its hash")
+        return data
+
+
+class IntegrityError(Exception):
+    """A blob's bytes do not match the hash the (verified) manifest gives."""
+
+
+def dump_namespace(
+    values: dict[str, Any], user_globals: dict[str, Any], blobs: Blobs
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Pickle ``values`` as one stream of segments.
+
+    Returns ``(doc, failed)``: ``doc`` holds the stream's blob, its segments
+    ``[name, end offset]`` in order and the out-of-band buffers' blobs in order;
+    ``failed`` maps each variable that could not be pickled to why.
+    """
+    stream = io.BytesIO()
+    buffers: list[str] = []
+
+    def on_buffer(buf: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buf.raw()
+        except BufferError:  # not contiguous: in band
+            return True
+        if raw.nbytes < OUT_OF_BAND:
+            return True
+        buffers.append(blobs.put(raw))
+        return False
+
+    roots = {id(v): v for v in values.values() if type(v).__name__ == "ndarray" and v.base is None}
+    pickler = NamespacePickler(stream, user_globals, on_buffer, roots)
+    segments: list[list[Any]] = []
+    failed: dict[str, str] = {}
+    # arrays that view another come last, so the array they view is saved first
+    order = sorted(
+        values, key=lambda n: type(values[n]).__name__ == "ndarray" and values[n].base is not None
+    )
+    for name in order:
+        start, nbuf, marker = stream.tell(), len(buffers), []  # type: ignore[var-annotated]
+        try:
+            pickler.dump((marker, values[name]))
+        except Exception as exc:  # pickling can raise anything: the variable is replayed
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+            # cut the segment out: its bytes, its buffers and the memo entries it made
+            memo = pickler.memo.copy()
+            first = memo[id(marker)][0] if id(marker) in memo else None
+            if first is not None:
+                pickler.memo = {k: v for k, v in memo.items() if v[0] < first}
+            stream.seek(start)
+            stream.truncate()
+            del buffers[nbuf:]
+            continue
+        segments.append([name, stream.tell()])
+    data = stream.getbuffer()
+    doc = {"stream": blobs.put(data), "size": data.nbytes, "segments": segments, "buffers": buffers}
+    del data
+    return doc, failed
+
+
+def load_namespace(doc: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], dict[str, str]]:
+    """Load a stream :func:`dump_namespace` wrote; return ``(values, failed)``.
+
+    A segment that fails to load ends the load: later segments may refer to
+    objects it would have made, so they are reported as failed too.
+    """
+    stream = io.BytesIO(blobs.get(doc["stream"]))
+    buffers: Iterator[Any] = (_buffer(blobs, d) for d in doc["buffers"])
+    unpickler = pickle.Unpickler(stream, buffers=buffers)
+    values: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    broken = ""
+    for name, _end in doc["segments"]:
+        if broken:
+            failed[name] = f"not loaded: {broken}"
+            continue
+        try:
+            values[name] = unpickler.load()[1]
+        except IntegrityError:
+            raise
+        except Exception as exc:  # a pickle that "lies": its cells are replayed
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+            broken = f"loading {name!r} before it failed"
+    return values, failed
+
+
+def _buffer(blobs: Blobs, digest: str) -> Any:
+    return blobs.get(digest)

@@ -1,0 +1,435 @@
+"""The entry points the runner calls inside the kernel.
+
+- :func:`init` right after the kernel starts, before any cell: remembers what the
+  kernel started with (environment, modules, threads) and installs two watchers —
+  IPython's cell events and an audit hook — that note what each cell does outside
+  its variables (files written, processes started, random numbers drawn).
+  :func:`cell_effects` hands that note to the runner with the cell's own reply.
+- :func:`snapshot`: the variables as one pickle stream and the process state
+  (:mod:`.process_state`), into blob files; returns the manifest's contents.
+- :func:`restore_env`, :func:`reimport`, :func:`restore` and :func:`apply_last`:
+  the resume, in that order (see the runner's ``_restore``).
+
+Results travel back as JSON strings; the runner signs and stores them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import types
+from typing import Any
+
+from . import process_state
+from .pickling import Blobs, IntegrityError, dump_namespace, load_namespace
+
+# IPython's own names in the namespace: its history and helpers, never the notebook's
+_IPYTHON_NAMES = frozenset(
+    {"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___", "_i", "_ii", "_iii"}
+    | {"_ih", "_oh", "_dh", "__builtins__", "__builtin__", "__name__", "__doc__"}
+    | {"__package__", "__loader__", "__spec__", "__warningregistry__"}
+)
+_HISTORY = "\x00history"  # segment holding In/Out, after the variables
+_OUT = "\x00out:"
+_baseline_modules: set[str] = set()
+_baseline_threads: set[int] = set()
+_effects: dict[str, list[str]] = {}
+_recording = False
+_rng_before: tuple[Any, ...] = ()
+_pre: dict[str, Any] = {}  # the state a cell started with, when the runner needs it
+_last_env: Any = None
+_result: str = ""  # what the last silent call returned, read through user_expressions
+_state: dict[str, Any] = {}  # a loaded snapshot between restore steps
+_IGNORED_PREFIXES: tuple[str, ...] = ()
+_MAX_EFFECTS = 8
+
+
+def _shell() -> Any:
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def _history_name(name: str) -> bool:
+    """``_N``, ``_iN``: IPython's numbered history."""
+    body = name[2:] if name.startswith("_i") else name[1:]
+    return name.startswith("_") and body.isdigit()
+
+
+def init() -> str:
+    """Remember the kernel's starting point and start watching cells. Idempotent."""
+    global _IGNORED_PREFIXES
+    if _baseline_modules:
+        return "{}"
+    process_state.set_baseline()
+    _baseline_modules.update(sys.modules)
+    _baseline_threads.update(t.ident or 0 for t in threading.enumerate())
+    home = os.path.expanduser("~")
+    _IGNORED_PREFIXES = tuple(
+        os.path.join(p, "")
+        for p in (
+            sys.prefix,
+            sys.base_prefix,
+            os.path.join(home, ".cache"),
+            os.path.join(home, ".ipython"),
+            os.path.join(home, ".config"),
+            os.path.join(home, ".local"),
+            os.environ.get("MPLCONFIGDIR", os.path.join(home, ".matplotlib")),
+            os.environ.get("SPOTBOOK_STAGING", os.path.join(tempfile.gettempdir(), "spotbook-")),
+        )
+    )
+    shell = _shell()
+    shell.events.register("pre_run_cell", _pre_cell)
+    shell.events.register("post_run_cell", _post_cell)
+    sys.addaudithook(_audit)
+    return "{}"
+
+
+def _pre_cell(info: Any = None) -> None:
+    """Before each cell: what it starts from, so a replay can start from the same."""
+    global _recording, _rng_before, _last_env
+    _effects.clear()
+    _pre.clear()
+    env = process_state.capture_env()
+    if env != _last_env:  # sent only when it changed: most cells share their start
+        _pre["env"] = _last_env = env
+    _pre["rng"] = process_state.capture_rngs()
+    _rng_before = process_state.fingerprint_rngs()
+    _recording = True
+
+
+def _post_cell(result: Any = None) -> None:
+    global _recording
+    _recording = False
+    if process_state.fingerprint_rngs() != _rng_before:
+        _effects["random"] = sorted(_pre["rng"])
+    else:
+        _pre.pop("rng", None)  # it drew nothing: a replay needs no generator state
+
+
+def _note(kind: str, what: str) -> None:
+    seen = _effects.setdefault(kind, [])
+    if what not in seen and len(seen) < _MAX_EFFECTS:
+        seen.append(what)
+
+
+def _path(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, str):
+        return None
+    path = os.path.abspath(value)
+    if path.startswith(_IGNORED_PREFIXES) or "__pycache__" in path or path.startswith("/dev/"):
+        return None
+    return path
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """What a cell does to the world, for the fidelity report of a replay."""
+    if not _recording:
+        return
+    try:
+        if event == "open":
+            path, mode, flags = args
+            writing = (
+                any(c in mode for c in "wax+")
+                if isinstance(mode, str)
+                else bool(isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR))
+            )
+            where = _path(path) if writing else None
+            if where:
+                _note("writes", where)
+        elif event in ("os.remove", "os.rmdir", "shutil.rmtree"):
+            where = _path(args[0])
+            if where:
+                _note("deletes", where)
+        elif event in ("os.rename", "shutil.move", "shutil.copyfile"):
+            where = _path(args[1])
+            if where:
+                _note("writes", where)
+        elif event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec"):
+            command = args[1] if event == "subprocess.Popen" else args[0]
+            if isinstance(command, list | tuple):
+                command = " ".join(map(str, command))
+            _note("runs", str(command)[:120])
+        elif event == "socket.connect":
+            address = args[1]
+            if isinstance(address, tuple):
+                _note("connects", ":".join(map(str, address[:2])))
+        elif event == "urllib.Request":
+            _note("connects", str(args[0])[:120])
+        elif event == "sqlite3.connect":
+            where = _path(args[0]) if args[0] != ":memory:" else None
+            if where:
+                _note("writes", where)
+    except Exception:  # the hook must never break the notebook
+        return
+
+
+def cell_effects() -> str:
+    """What the cell that just ran did outside its variables, and what it started from
+    where a replay needs it (JSON)."""
+    if not _effects and not _pre:
+        return "{}"
+    return json.dumps({"effects": _effects, "pre": _pre}, sort_keys=True)
+
+
+def set_pre(pre_json: str) -> str:
+    """Before replaying a cell out of order: the cwd, path, environment and random
+    generators it started from the first time; JSON of what could not be set."""
+    pre = json.loads(pre_json)
+    failed = process_state.restore(pre.get("env") or {}, process_state.ENV)
+    failed.update(process_state.restore_rngs(pre.get("rng") or {}))
+    return json.dumps(failed)
+
+
+def result() -> str:
+    """What the last silent call left (read through ``user_expressions``)."""
+    return _result
+
+
+# -- snapshot --------------------------------------------------------------------------
+def _namespace(shell: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    hidden = shell.user_ns_hidden
+    values: dict[str, Any] = {}
+    kinds: dict[str, dict[str, Any]] = {}
+    for name, value in shell.user_ns.items():
+        if name in _IPYTHON_NAMES or _history_name(name):
+            continue
+        if name in hidden and hidden[name] is value:
+            continue
+        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value:
+            kinds[name] = {"kind": "module", "module": value.__name__}
+            continue
+        values[name] = value
+    return values, kinds
+
+
+def state_bytes() -> int:
+    """Rough size of the user namespace, to estimate a first snapshot's cost."""
+    total = 0
+    values, _ = _namespace(_shell())
+    for value in values.values():
+        nbytes = getattr(value, "nbytes", None)
+        total += nbytes if isinstance(nbytes, int) else sys.getsizeof(value, 0)
+    return total
+
+
+def _imports() -> list[str]:
+    """Modules the notebook imported, in the order it first imported them."""
+    return [
+        m
+        for m in sys.modules
+        if m not in _baseline_modules and not m.startswith(("spotbook", "cloudpickle"))
+    ]
+
+
+def _threads() -> list[str]:
+    return sorted(
+        t.name for t in threading.enumerate() if t.ident not in _baseline_threads and t.is_alive()
+    )
+
+
+def snapshot(blob_dir: str) -> str:
+    """Write the state's blobs into ``blob_dir``; return the manifest's contents (JSON)."""
+    started = time.perf_counter()
+    shell = _shell()
+    blobs = Blobs(blob_dir)
+    values, kinds = _namespace(shell)
+    t0 = time.perf_counter()
+    process, uncaptured = process_state.capture()
+    env = {
+        name: process.pop(name)
+        for name in [p.name for p in process_state.PARTS if p.stage == process_state.ENV]
+        if name in process
+    }
+    capture_seconds = time.perf_counter() - t0
+    segments: dict[str, Any] = {f"\x00part:{k}": v for k, v in process.items()}
+    segments.update(values)
+    hm = shell.history_manager
+    segments[_HISTORY] = {"parsed": list(hm.input_hist_parsed), "raw": list(hm.input_hist_raw)}
+    for n, value in hm.output_hist.items():
+        segments[f"{_OUT}{n}"] = value
+    doc, failed = dump_namespace(segments, shell.user_global_ns, blobs)
+    variables: dict[str, Any] = dict(kinds)
+    for name, value in values.items():
+        if name in failed:
+            variables[name] = {
+                "kind": "unserialisable",
+                "type": type(value).__qualname__,
+                "error": failed[name],
+            }
+        else:
+            variables[name] = {"kind": "object", "type": type(value).__qualname__}
+    for name, why in failed.items():
+        if name.startswith("\x00part:"):
+            uncaptured[name[len("\x00part:") :]] = why
+    imports = blobs.put(json.dumps(_imports()).encode())
+    return json.dumps(
+        {
+            "vars": variables,
+            "stream": doc,
+            "env": env,
+            "imports": imports,
+            "uncaptured": uncaptured,
+            "threads": _threads(),
+            "new_blobs": blobs.new,
+            "written": blobs.written,
+            "state_bytes": state_bytes(),
+            "capture_seconds": capture_seconds,
+            "seconds": time.perf_counter() - started,
+        }
+    )
+
+
+# -- restore ---------------------------------------------------------------------------
+def restore_env(env_json: str) -> str:
+    """Stage ENV: cwd, ``sys.path`` and environment, before anything is imported."""
+    failed = process_state.restore(json.loads(env_json), process_state.ENV)
+    return json.dumps(failed)
+
+
+def reimport(blob_dir: str, digest: str) -> None:
+    """Import the notebook's modules again, in its order, inside a (silent) cell.
+
+    Run through ``run_cell`` as the original imports were, so libraries that decide
+    defaults at import time (pandas asks whether it runs under a kernel) decide the
+    same. Modules that no longer import are left to the unpickler to report.
+    """
+    global _result
+    import importlib
+
+    names = json.loads(bytes(Blobs(blob_dir).get(digest)))
+    failed = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            failed.append(name)
+    _result = json.dumps(failed)
+
+
+def restore(blob_dir: str, manifest_json: str) -> None:
+    """Load the variables and stage CONFIG; ``_result`` says what failed (JSON)."""
+    global _result
+    started = time.perf_counter()
+    manifest = json.loads(manifest_json)
+    blobs = Blobs(blob_dir)
+    try:
+        loaded, failed = load_namespace(manifest["stream"], blobs)
+    except (IntegrityError, OSError) as exc:
+        _result = json.dumps({"integrity": str(exc)})
+        return
+    parts = {k[len("\x00part:") :]: v for k, v in loaded.items() if k.startswith("\x00part:")}
+    _state.clear()
+    _state["parts"] = parts
+    problems = process_state.restore(parts, process_state.CONFIG)
+    shell = _shell()
+    ns = shell.user_ns
+    variables = manifest["vars"]
+    unrestored: dict[str, str] = {}
+    for name, entry in variables.items():
+        try:
+            if entry["kind"] == "module":
+                import importlib
+
+                ns[name] = importlib.import_module(entry["module"])
+            elif entry["kind"] == "object":
+                if name in loaded:
+                    ns[name] = loaded[name]
+                else:
+                    unrestored[name] = failed.get(name, "not in the snapshot")
+            else:
+                unrestored[name] = entry.get("error", "not serialisable")
+        except Exception as exc:
+            unrestored[name] = f"{type(exc).__name__}: {exc}"[:300]
+    _restore_history(shell, loaded)
+    _result = json.dumps(
+        {
+            "failed": unrestored,
+            "process_failed": problems,
+            "bytes": manifest["stream"].get("size", 0),
+            "seconds": time.perf_counter() - started,
+        }
+    )
+
+
+def _restore_history(shell: Any, loaded: dict[str, Any]) -> None:
+    hm = shell.history_manager
+    ns = shell.user_ns
+    hist = loaded.get(_HISTORY)
+    if hist:
+        hm.input_hist_parsed[:] = hist["parsed"]
+        hm.input_hist_raw[:] = hist["raw"]
+        for i, name in ((1, "_i"), (2, "_ii"), (3, "_iii")):
+            if len(hist["parsed"]) > i - 1:
+                ns[name] = hist["parsed"][-i]
+        for n, source in enumerate(hist["parsed"]):
+            if n:
+                ns[f"_i{n}"] = source
+    outs = sorted((int(k[len(_OUT) :]), v) for k, v in loaded.items() if k.startswith(_OUT))
+    for n, value in outs:
+        hm.output_hist[n] = value
+        ns[f"_{n}"] = value
+    for name, (_, value) in zip(("_", "__", "___"), reversed(outs[-3:]), strict=False):
+        ns[name] = value
+
+
+def apply_last() -> str:
+    """Stage LAST (random generators), and CONFIG again after replays; JSON of failures."""
+    parts = _state.get("parts", {})
+    failed = process_state.restore(parts, process_state.CONFIG)
+    failed.update(process_state.restore(parts, process_state.LAST))
+    return json.dumps(failed)
+
+
+def set_execution_count(n: int) -> None:
+    """Continue the kernel's In[] numbering where the interrupted run left off."""
+    _shell().execution_count = n
+
+
+def accelerators() -> str:
+    """Devices the notebook's ML frameworks see, for those it has imported.
+
+    Only frameworks already in ``sys.modules`` are asked: importing one just to look
+    would cost seconds and, for some, GPU memory the notebook wanted.
+    """
+    found: dict[str, Any] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            cuda = torch.cuda.is_available()
+            found["torch"] = {
+                "version": str(torch.__version__),
+                "cuda": bool(cuda),
+                "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                if cuda
+                else [],
+            }
+        except Exception as exc:  # a broken CUDA setup must not fail the run
+            found["torch"] = {"error": str(exc)}
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and hasattr(tf, "config"):
+        try:
+            found["tensorflow"] = {
+                "version": str(tf.__version__),
+                "devices": [d.name for d in tf.config.list_physical_devices("GPU")],
+            }
+        except Exception as exc:
+            found["tensorflow"] = {"error": str(exc)}
+    jax = sys.modules.get("jax")
+    if jax is not None and hasattr(jax, "devices"):
+        try:
+            found["jax"] = {
+                "version": str(jax.__version__),
+                "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()],
+            }
+        except Exception as exc:
+            found["jax"] = {"error": str(exc)}
+    return json.dumps(found)
