@@ -313,6 +313,6 @@ def test_unchanged_arrays_are_not_written_again_but_mutations_are_seen(
     # the array's data is an out-of-band buffer of its own: unchanged, then mutated in place
     digests = [s["stream"]["buffers"] for s in snaps]
     assert len(digests[0]) == 1 and digests[0] == digests[1] != digests[2]
-    assert snaps[1]["bytes_written"] < 1000  # the 16 MB array was not written again
+    assert snaps[1]["bytes_written"] < 100_000  # the 16 MB array was not written again
     data = store.read(store.blob_path(digests[2][0]))
     assert len(data) == 16_000_000 and struct.unpack_from("<d", data, 123 * 8)[0] == -1.0
