@@ -19,6 +19,8 @@ from spotbook._store import RunStore
 
 from .servers import FakeKube, Storage, start_azure, start_gcs, start_s3
 
+FIDELITY = pytest.StashKey[list[dict[str, Any]]]()
+
 HERE = Path(__file__).parent
 NOTEBOOKS = HERE / "notebooks"
 SHARED = HERE.parent.parent / "shared" / "notebooks"
@@ -125,6 +127,27 @@ def comparable(nb: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
                 outputs.append(o)
         out.append((_joined(cell["source"]), cell.get("execution_count"), outputs))
     return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[FIDELITY] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The fidelity matrix's count: cases (patterns x kill points) identical, named, failed."""
+    rows = config.stash.get(FIDELITY, [])
+    if not rows:
+        return
+    total = {k: sum(r[k] for r in rows) for k in ("identical", "named", "failed")}
+    terminalreporter.write_line(
+        f"fidelity: {len(rows)} kill points x patterns = {sum(total.values())} cases: "
+        f"{total['identical']} identical, {total['named']} named, {total['failed']} failed"
+    )
+    for r in rows:
+        terminalreporter.write_line(
+            f"  {r['case']:<32} {r['identical']:>3} identical {r['named']:>3} named "
+            f"{r['failed']:>3} failed"
+        )
 
 
 @pytest.fixture

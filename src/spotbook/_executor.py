@@ -269,11 +269,13 @@ class KernelSession:
         self._client.touched = set()
         return touched
 
-    async def replay_cell(self, index: int) -> CellResult:
+    async def replay_cell(self, index: int, execution_count: int | None = None) -> CellResult:
         """Run cell ``index`` again to rebuild kernel state; its outputs are discarded.
 
         The notebook's recorded outputs and display-id links stay as they were: a
         scratch copy runs, and display updates cannot reach other cells meanwhile.
+        With ``execution_count`` it runs under its first number and into IPython's
+        history (``In``, ``Out``, ``_``) as it did the first time.
         """
         client = self._client
         original = client.nb.cells[index]
@@ -282,7 +284,11 @@ class KernelSession:
         scratch = copy.deepcopy(original)
         scratch.outputs = []
         try:
-            return await self.run_cell(scratch, index, store_history=False)
+            if execution_count:
+                await self.evaluate(
+                    f"get_ipython().__setattr__('execution_count', {int(execution_count)})"
+                )
+            return await self.run_cell(scratch, index, store_history=bool(execution_count))
         finally:
             client.nb.cells[index] = original
             client._display_id_map = links

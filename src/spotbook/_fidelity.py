@@ -24,6 +24,7 @@ class FidelityReport:
     chains: dict[str, list[int]] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)
     may_differ: list[str] = field(default_factory=list)
+    undone: list[str] = field(default_factory=list)
 
     def restored(
         self, doc: dict[str, Any], failed: dict[str, str], process_failed: dict[str, str]
@@ -37,6 +38,12 @@ class FidelityReport:
         for part, why in sorted((doc.get("uncaptured") or {}).items()):
             self.may_differ.append(f"{part} was not captured at the snapshot ({why})")
         self.process_problems(process_failed)
+        for name, entry in sorted(doc["vars"].items()):
+            if entry.get("order") and name not in failed:
+                self.may_differ.append(
+                    f"set {name!r} may iterate in another order after the resume (its items "
+                    "land in other slots when it is rebuilt)"
+                )
         threads = doc.get("threads") or []
         if threads:
             self.may_differ.append(
@@ -68,6 +75,7 @@ class FidelityReport:
             "chains": self.chains,
             "not_restored_unused": self.dropped,
             "may_differ": list(self.may_differ),
+            "files_given_back": list(self.undone),
         }
 
 
@@ -87,6 +95,8 @@ def summary_lines(fidelity: dict[str, Any]) -> list[str]:
     dropped = fidelity.get("not_restored_unused") or []
     if dropped:
         lines.append(f"not restored, and no later cell reads them: {', '.join(dropped)}")
+    for item in fidelity.get("files_given_back") or []:
+        lines.append(f"the cell that runs again: {item}")
     for item in fidelity.get("may_differ") or []:
         lines.append(f"may differ: {item}")
     if fidelity.get("exact"):

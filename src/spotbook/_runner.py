@@ -159,6 +159,7 @@ class Runner:
         self._early_sync: asyncio.Future[None] | None = None
         self._tmp = ""
         self._kernel_env: dict[str, str] = {}
+        self._undone: list[str] = []  # files given back to the cell that runs again
         self._uploaded: set[str] = set()  # object stores: blobs known to be in the store
 
     # -- entry ---------------------------------------------------------------
@@ -168,10 +169,14 @@ class Runner:
     async def arun(self) -> RunResult:
         self.records = self.store.cell_records()
         start = start_index(self.nb, self.records)
+        executed = self.store.cell_records(executed=True).get(start)
         if exited_early(self.records) or start >= len(self.nb.cells):
             return self._finish_already_done()
         self._check_budget()
         self._claim(start)
+        if executed is not None and executed.get("undo"):
+            self._undone = _undo_files(start, executed["undo"])
+            self.attempt_rec["files_given_back"] = self._undone
         tmp = tempfile.mkdtemp(prefix="spotbook-")
         self._tmp = tmp
         self._notice = _Notice(os.path.join(tmp, "notice"))
@@ -533,6 +538,18 @@ class Runner:
                 exiting = result.error["ename"] == "SystemExit"
                 status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
             record = self._record(index, result, t0, duration, status)
+            undo = record.pop("undo", None)
+            if undo and status == "completed":
+                # The cell wrote files, and a snapshot flushes them before the cell's
+                # record is committed: should the run be killed in between, the cell
+                # runs again, and this note lets the resume give it back those files
+                # as they were before it first ran.
+                self._fence()
+                self.store.write_cell(
+                    index,
+                    self.attempt,
+                    {"index": index, "attempt": self.attempt, "status": "executed", "undo": undo},
+                )
             if status == "completed":
                 # Snapshot before the record: once a cell is committed, its effects are
                 # in the store too (when the policy snapshots), so a kill after the
@@ -580,7 +597,7 @@ class Runner:
         if result.error:
             rec["error"] = result.error
         noted = _cell_effects(result.reply)
-        for key in ("effects", "pre"):
+        for key in ("effects", "pre", "undo"):
             if noted.get(key):
                 rec[key] = noted[key]
         assert self.session is not None
@@ -880,6 +897,8 @@ class Runner:
                 f"snapshot {doc['name']} was refused by the kernel: {result['integrity']}; "
                 "the store was modified: rerun with --restart"
             )
+        if "missing" in result:
+            raise _CannotRebuild(result["missing"])
         return result
 
     async def _restore(self, start: int) -> tuple[ResumePlan | None, int]:
@@ -891,7 +910,7 @@ class Runner:
         assert self.session is not None
         m0 = time.monotonic()
         doc = self._usable_snapshot(start)
-        report = FidelityReport(snapshot=doc["name"] if doc else None)
+        report = FidelityReport(snapshot=doc["name"] if doc else None, undone=self._undone)
         failed: dict[str, str] = {}
         kinds: dict[str, str] = {}
         try:
@@ -1047,7 +1066,10 @@ class Runner:
     async def _replay(self, index: int) -> None:
         assert self.session is not None
         try:
-            result = await self._race(self.session.replay_cell(index), grace=0.0, index=index)
+            count = self.records.get(index, {}).get("execution_count")
+            result = await self._race(
+                self.session.replay_cell(index, count), grace=0.0, index=index
+            )
         except KernelDied:
             raise _ReplayFailed(f"the kernel died while replaying cell {index}") from None
         if result.error and not result.allowed_error:
@@ -1065,6 +1087,26 @@ class _ReplayFailed(_CannotRebuild):
 
 
 _INTERRUPTED = {Outcome.PREEMPTED.value, Outcome.KILLED.value, Outcome.RUNNING.value}
+
+
+def _undo_files(index: int, undo: dict[str, int | None]) -> list[str]:
+    """Give cell ``index``, which finished but was killed before its record was
+    committed, the files it wrote as they were before it first ran: it runs again."""
+    done = []
+    for path, size in sorted(undo.items()):
+        try:
+            if size is None:
+                if os.path.isfile(path):
+                    os.unlink(path)
+                    done.append(f"removed {path}, which cell {index} created")
+            elif os.path.getsize(path) > size:
+                os.truncate(path, size)
+                done.append(f"cut {path} back to the {size} bytes it had before cell {index}")
+        except OSError as exc:
+            done.append(f"could not restore {path} for cell {index} ({exc.strerror})")
+    for line in done:
+        log.info("cell %d runs again: %s", index, line)
+    return done
 
 
 def _cell_effects(reply: dict[str, Any]) -> dict[str, Any]:

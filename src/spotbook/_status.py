@@ -113,6 +113,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, A
                     "checkpoint_files",
                     "fidelity",
                     "fallback",
+                    "files_given_back",
                     "error",
                 )
                 if a.get(k) is not None

@@ -496,8 +496,12 @@ class RunStore:
             bound[n] = running_min
         return bound
 
-    def cell_records(self) -> dict[int, dict[str, Any]]:
-        """The record that counts for each finished cell."""
+    def cell_records(self, executed: bool = False) -> dict[int, dict[str, Any]]:
+        """The record that counts for each finished cell.
+
+        With ``executed``: instead, the notes of cells that finished executing but
+        whose record was not committed yet (what they wrote, to undo on a rerun).
+        """
         takeover = self._takeover_points()
         best: dict[int, tuple[int, dict[str, Any]]] = {}
         names = self.names("cells")
@@ -517,7 +521,11 @@ class RunStore:
                 rec = self.read_json(f"cells/{key.name}")
                 if rec is not None:
                     best[index] = (key.attempt, rec)
-        return {index: rec for index, (_, rec) in best.items()}
+        return {
+            index: rec
+            for index, (_, rec) in best.items()
+            if (rec.get("status") == "executed") is executed
+        }
 
     def _read_lines(self, rel: str) -> list[dict[str, Any]]:
         data = self.read(rel) or b""

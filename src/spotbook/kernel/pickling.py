@@ -110,8 +110,13 @@ def reopen(
 def restore_sqlite(path: str, image: bytes | None, isolation_level: Any) -> Any:
     if image is None:
         return sqlite3.connect(path, isolation_level=isolation_level)
+    # Copied into a plain in-memory database: a deserialized one is a different kind
+    # (it reports a file name, and serialises without its open transaction's rows).
+    loaded = sqlite3.connect(":memory:")
+    loaded.deserialize(image)
     con = sqlite3.connect(":memory:", isolation_level=isolation_level)
-    con.deserialize(image)
+    loaded.backup(con)
+    loaded.close()
     return con
 
 
@@ -178,22 +183,46 @@ def _sqlite_reduce(con: sqlite3.Connection) -> Any:
     except sqlite3.ProgrammingError as exc:  # closed
         raise Unsupported(f"a closed SQLite connection ({exc})") from None
     main = next((r[2] for r in rows if r[1] == "main"), "")
-    if main:
+    if main and os.path.isabs(main):  # a file on disk (in-memory ones have no path)
         return restore_sqlite, (main, None, con.isolation_level)
     return restore_sqlite, (":memory:", con.serialize(), con.isolation_level)
 
 
+def _owner(obj: Any) -> Any:
+    """The object at the end of an array's chain of bases (memoryviews included)."""
+    base = obj
+    while True:
+        nxt = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+        if nxt is None:
+            return base
+        base = nxt
+
+
+def array_roots(values: dict[str, Any]) -> dict[int, Any]:
+    """For each memory owner behind the namespace's numpy arrays, the largest
+    C-contiguous array over it: the array that views of that memory are saved as
+    views of."""
+    roots: dict[int, Any] = {}
+    for value in values.values():
+        if type(value).__name__ != "ndarray" or not value.flags.c_contiguous:
+            continue
+        if value.dtype.hasobject:
+            continue
+        key = id(_owner(value))
+        if key not in roots or value.nbytes > roots[key].nbytes:
+            roots[key] = value
+    return roots
+
+
 def _array_view(obj: Any, roots: dict[int, Any]) -> Any:
-    """A numpy array that views another saved array: (view_of, ...) or None."""
-    base = obj.base
-    while getattr(base, "base", None) is not None and type(base).__name__ == "ndarray":
-        base = base.base
-    if type(base).__name__ != "ndarray" or id(base) not in roots:
+    """A numpy array over the memory of another saved array: (view_of, ...) or None."""
+    root = roots.get(id(_owner(obj)))
+    if root is None or root is obj or obj.dtype.hasobject:
         return None
-    if not base.flags.c_contiguous or base.dtype.hasobject or obj.dtype.hasobject:
+    offset = obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    if not 0 <= offset < max(root.nbytes, 1):
         return None
-    offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    return view_of, (base, offset, obj.shape, obj.strides, obj.dtype)
+    return view_of, (root, offset, obj.shape, obj.strides, obj.dtype)
 
 
 class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
@@ -309,13 +338,17 @@ def dump_namespace(
         buffers.append(blobs.put(raw))
         return False
 
-    roots = {id(v): v for v in values.values() if type(v).__name__ == "ndarray" and v.base is None}
+    roots = array_roots(values)
     pickler = NamespacePickler(stream, user_globals, on_buffer, roots)
     segments: list[list[Any]] = []
     failed: dict[str, str] = {}
     # arrays that view another come last, so the array they view is saved first
     order = sorted(
-        values, key=lambda n: type(values[n]).__name__ == "ndarray" and values[n].base is not None
+        values,
+        key=lambda n: (
+            type(values[n]).__name__ == "ndarray"
+            and roots.get(id(_owner(values[n]))) is not values[n]
+        ),
     )
     for name in order:
         start, nbuf, marker = stream.tell(), len(buffers), []  # type: ignore[var-annotated]

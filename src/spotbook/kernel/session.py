@@ -15,6 +15,8 @@ Results travel back as JSON strings; the runner signs and stores them.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -41,6 +43,9 @@ _effects: dict[str, list[str]] = {}
 _recording = False
 _rng_before: tuple[Any, ...] = ()
 _pre: dict[str, Any] = {}  # the state a cell started with, when the runner needs it
+# path -> its size before the running cell first opened it for writing (None: absent),
+# so a cell that runs again after a kill can be given back the files it started with
+_undo: dict[str, int | None] = {}
 _last_env: Any = None
 _result: str = ""  # what the last silent call returned, read through user_expressions
 _state: dict[str, Any] = {}  # a loaded snapshot between restore steps
@@ -94,6 +99,7 @@ def _pre_cell(info: Any = None) -> None:
     global _recording, _rng_before, _last_env
     _effects.clear()
     _pre.clear()
+    _undo.clear()
     env = process_state.capture_env()
     if env != _last_env:  # sent only when it changed: most cells share their start
         _pre["env"] = _last_env = env
@@ -143,6 +149,11 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             where = _path(path) if writing else None
             if where:
                 _note("writes", where)
+                if where not in _undo:
+                    try:
+                        _undo[where] = os.stat(where).st_size
+                    except OSError:
+                        _undo[where] = None
         elif event in ("os.remove", "os.rmdir", "shutil.rmtree"):
             where = _path(args[0])
             if where:
@@ -175,7 +186,7 @@ def cell_effects() -> str:
     where a replay needs it (JSON)."""
     if not _effects and not _pre:
         return "{}"
-    return json.dumps({"effects": _effects, "pre": _pre}, sort_keys=True)
+    return json.dumps({"effects": _effects, "pre": _pre, "undo": _undo}, sort_keys=True)
 
 
 def set_pre(pre_json: str) -> str:
@@ -207,6 +218,18 @@ def _namespace(shell: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
             continue
         values[name] = value
     return values, kinds
+
+
+def _same_order_when_rebuilt(value: set[Any] | frozenset[Any]) -> bool:
+    """Whether the set unpickled in a kernel with the same hash seed iterates in the same
+    order: it is rebuilt by adding its items in iteration order, which lands each in
+    its old slot unless the set grew or shrank another way, or an item's probe jumped."""
+    if len(value) > 100_000:
+        return False  # not checked: said to differ
+    rebuilt: set[Any] = set()
+    for item in value:
+        rebuilt.add(item)
+    return list(rebuilt) == list(value)
 
 
 def state_bytes() -> int:
@@ -265,6 +288,8 @@ def snapshot(blob_dir: str) -> str:
             }
         else:
             variables[name] = {"kind": "object", "type": type(value).__qualname__}
+            if isinstance(value, set | frozenset) and not _same_order_when_rebuilt(value):
+                variables[name]["order"] = "may differ"
     for name, why in failed.items():
         if name.startswith("\x00part:"):
             uncaptured[name[len("\x00part:") :]] = why
@@ -321,8 +346,13 @@ def restore(blob_dir: str, manifest_json: str) -> None:
     started = time.perf_counter()
     manifest = json.loads(manifest_json)
     blobs = Blobs(blob_dir)
+    shell = _shell()
+    _close_files(shell.user_ns)
     try:
         loaded, failed = load_namespace(manifest["stream"], blobs)
+    except FileNotFoundError as exc:
+        _result = json.dumps({"missing": f"a blob is missing from the run store ({exc})"})
+        return
     except (IntegrityError, OSError) as exc:
         _result = json.dumps({"integrity": str(exc)})
         return
@@ -330,7 +360,6 @@ def restore(blob_dir: str, manifest_json: str) -> None:
     _state.clear()
     _state["parts"] = parts
     problems = process_state.restore(parts, process_state.CONFIG)
-    shell = _shell()
     ns = shell.user_ns
     variables = manifest["vars"]
     unrestored: dict[str, str] = {}
@@ -360,6 +389,17 @@ def restore(blob_dir: str, manifest_json: str) -> None:
     )
 
 
+def _close_files(ns: dict[str, Any]) -> None:
+    """Before the snapshot is loaded again after a replay: close the files the first
+    load opened, so what a replayed cell wrote through them lands now, before the
+    reopened files are cut back to their size at the snapshot (not later, from a
+    buffer flushed when the old object is collected)."""
+    for value in list(ns.values()):
+        if isinstance(value, io.IOBase) and not value.closed and value.fileno() > 2:
+            with contextlib.suppress(Exception):
+                value.close()
+
+
 def _restore_history(shell: Any, loaded: dict[str, Any]) -> None:
     hm = shell.history_manager
     ns = shell.user_ns
@@ -377,8 +417,13 @@ def _restore_history(shell: Any, loaded: dict[str, Any]) -> None:
     for n, value in outs:
         hm.output_hist[n] = value
         ns[f"_{n}"] = value
+    hook = shell.displayhook
     for name, (_, value) in zip(("_", "__", "___"), reversed(outs[-3:]), strict=False):
+        # the display hook moves _, __ and ___ on only while they are what it set
         ns[name] = value
+        setattr(hook, name, value)
+        if name in shell.user_ns_hidden:
+            shell.user_ns_hidden[name] = value
 
 
 def apply_last() -> str:
