@@ -3,6 +3,12 @@
 set -euo pipefail
 echo "== setup ($(date +%T))"
 . "$(dirname "$0")/_venv.sh" "[test,demo]"
+# torch's CPU build, where a wheel of it lies on this machine (a plain `pip install
+# torch` would fetch a CUDA build of several GB): the resume tests then cover torch too
+if ! python -c "import torch" 2>/dev/null; then
+  python -m pip install -q --no-index torch==2.13.0 2>/dev/null \
+    || echo "note: no local torch wheel; the object-class table runs without torch"
+fi
 # Azurite (Azure's blob storage emulator, from npm) for the az:// tests
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
   if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

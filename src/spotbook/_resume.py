@@ -47,6 +47,8 @@ class CellNames:
     deferred: dict[str, frozenset[str]] = field(default_factory=dict)
     # names whose object the cell may change in place: x.a = …, x[0] = …, x.m(…), f(x)
     changes: frozenset[str] = frozenset()
+    # for each name a top-level assignment binds: the names its value is made from
+    feeds: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class ResumePlan:
     may_differ: tuple[str, ...] = ()
     # uncaptured variables nothing later reads (left out, and said so)
     dropped: tuple[str, ...] = ()
+    # restored variables a rebuilt one is made from, whose replayed objects are kept
+    # (not loaded again) so the two stay linked: the chain replays all their changes
+    keep: frozenset[str] = frozenset()
 
     @property
     def replay(self) -> tuple[int, ...]:
@@ -136,7 +141,26 @@ def cell_names(source: str, transform: Transform | None = None) -> CellNames:
             elif isinstance(child, ast.Global):
                 binds.update(child.names)
             stack.append(child)
-    return CellNames(frozenset(binds), frozenset(reads), deferred, frozenset(changes | binds))
+    feeds: dict[str, set[str]] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            loads = {
+                n.id
+                for n in ast.walk(stmt.value)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            }
+            for target in targets:
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        feeds.setdefault(n.id, set()).update(loads)
+    return CellNames(
+        frozenset(binds),
+        frozenset(reads),
+        deferred,
+        frozenset(changes | binds),
+        {k: frozenset(v) for k, v in feeds.items()},
+    )
 
 
 def _last_binder(names: Mapping[int, CellNames], name: str) -> int | None:
@@ -260,6 +284,7 @@ def plan_resume(
                     f"{name!r} as it was at the snapshot after cell {snapshot_after}, not as it "
                     f"was when cell {i} first ran (cell {changers[0]} changed it since)"
                 )
+    keep = _kept(names, chain_cells, needed, set(kinds) | set(stable), snapshot_after, may_differ)
     tail = [i for i in done if i > snapshot_after and i not in never]
     for i in tail:
         reasons[i] = "ran after the snapshot"
@@ -276,7 +301,44 @@ def plan_resume(
         unrebuildable=unrebuildable,
         may_differ=tuple(may_differ),
         dropped=dropped,
+        keep=frozenset(keep),
     )
+
+
+def _kept(
+    names: Mapping[int, CellNames],
+    chain_cells: set[int],
+    rebuilt: set[str],
+    skip: set[str],
+    snapshot_after: int,
+    may_differ: list[str],
+) -> set[str]:
+    """Restored variables a rebuilt one is made from (``cur = con.cursor()``): keep the
+    replayed object, so the rebuilt one still refers to it, when every change to it up
+    to the snapshot was replayed too; else say they are no longer linked."""
+    keep: set[str] = set()
+    for i in sorted(chain_cells):
+        for made in sorted(set(names[i].feeds) & rebuilt):
+            for source in sorted(names[i].feeds[made] - skip - rebuilt):
+                binder = _last_binder({j: n for j, n in names.items() if j <= i}, source)
+                if binder is None or binder not in chain_cells:
+                    continue  # made before the chain, and restored: the link holds
+                later = [
+                    j
+                    for j in names
+                    if binder < j <= snapshot_after
+                    and j not in chain_cells
+                    and source in names[j].changes
+                ]
+                if later:
+                    may_differ.append(
+                        f"{made!r} was rebuilt by replaying cell {i} from {source!r}, which "
+                        f"cell {later[0]} changed since; {source!r} is restored from the "
+                        f"snapshot, so {made!r} no longer refers to it"
+                    )
+                else:
+                    keep.add(source)
+    return keep
 
 
 def _effects_of(

@@ -883,12 +883,17 @@ class Runner:
             self.session.call(code, f"{_KERNEL_MODULE}.result()"), grace=0.0, index=index
         )
 
-    async def _load_state(self, doc: dict[str, Any], index: int) -> dict[str, Any]:
+    async def _load_state(
+        self, doc: dict[str, Any], index: int, keep: frozenset[str] = frozenset()
+    ) -> dict[str, Any]:
         """Put a snapshot's variables and library options back (not the generators)."""
         assert self.session is not None
         blob_dir = self._blob_dir()
         manifest = json.dumps({"vars": doc["vars"], "stream": doc["stream"]})
-        await self._kernel_call(f"{_KERNEL_MODULE}.restore({blob_dir!r}, {manifest!r})", index)
+        keeping = tuple(sorted(keep))
+        await self._kernel_call(
+            f"{_KERNEL_MODULE}.restore({blob_dir!r}, {manifest!r}, {keeping!r})", index
+        )
         result: dict[str, Any] = json.loads(
             await self.session.evaluate(f"{_KERNEL_MODULE}.result()")
         )
@@ -965,7 +970,7 @@ class Runner:
                     await self.session.evaluate(
                         f"{_KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
                     )
-                    await self._load_state(doc, start)
+                    await self._load_state(doc, start, plan.keep)
                 missing = [n for n in plan.chains if not await self._bound(n)]
                 if missing:
                     raise _CannotRebuild(

@@ -131,6 +131,14 @@ def new_rlock() -> Any:
     return threading.RLock()
 
 
+def with_grad(rebuild: Callable[..., Any], args: tuple[Any, ...], grad: Any) -> Any:
+    """A torch tensor rebuilt by torch's own reducer, with the gradient plain pickling
+    drops (an optimizer's next step needs it)."""
+    tensor = rebuild(*args)
+    tensor.grad = grad
+    return tensor
+
+
 def view_of(
     root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
 ) -> Any:
@@ -261,6 +269,18 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             return new_rlock, ()
         if kind is sqlite3.Connection:
             return _sqlite_reduce(obj)
+        if kind is memoryview and obj.obj is not None and obj.c_contiguous:
+            whole = memoryview(obj.obj)
+            if (obj.format, obj.shape, obj.nbytes) == (whole.format, whole.shape, whole.nbytes):
+                return memoryview, (obj.obj,)  # a view again, of the same (shared) object
+        if (
+            kind.__module__.startswith("torch")
+            and getattr(obj, "grad", None) is not None
+            and hasattr(obj, "requires_grad")
+        ):
+            reduced = obj.__reduce_ex__(5)
+            if isinstance(reduced, tuple) and len(reduced) == 2:
+                return with_grad, (reduced[0], reduced[1], obj.grad)
         if kind is bytes and len(obj) >= OUT_OF_BAND:
             return bytes, (pickle.PickleBuffer(obj),)
         if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and obj.base is not None:

@@ -340,14 +340,17 @@ def reimport(blob_dir: str, digest: str) -> None:
     _result = json.dumps(failed)
 
 
-def restore(blob_dir: str, manifest_json: str) -> None:
-    """Load the variables and stage CONFIG; ``_result`` says what failed (JSON)."""
+def restore(blob_dir: str, manifest_json: str, keep: tuple[str, ...] = ()) -> None:
+    """Load the variables and stage CONFIG; ``_result`` says what failed (JSON).
+
+    ``keep``: variables left as a replay made them (see the resume plan's ``keep``).
+    """
     global _result
     started = time.perf_counter()
     manifest = json.loads(manifest_json)
     blobs = Blobs(blob_dir)
     shell = _shell()
-    _close_files(shell.user_ns)
+    _close_files({k: v for k, v in shell.user_ns.items() if k not in keep})
     try:
         loaded, failed = load_namespace(manifest["stream"], blobs)
     except FileNotFoundError as exc:
@@ -364,6 +367,8 @@ def restore(blob_dir: str, manifest_json: str) -> None:
     variables = manifest["vars"]
     unrestored: dict[str, str] = {}
     for name, entry in variables.items():
+        if name in keep and name in ns:
+            continue
         try:
             if entry["kind"] == "module":
                 import importlib
@@ -395,9 +400,10 @@ def _close_files(ns: dict[str, Any]) -> None:
     reopened files are cut back to their size at the snapshot (not later, from a
     buffer flushed when the old object is collected)."""
     for value in list(ns.values()):
-        if isinstance(value, io.IOBase) and not value.closed and value.fileno() > 2:
-            with contextlib.suppress(Exception):
-                value.close()
+        if isinstance(value, io.IOBase) and not value.closed:
+            with contextlib.suppress(Exception):  # in-memory files have no descriptor
+                if value.fileno() > 2:
+                    value.close()
 
 
 def _restore_history(shell: Any, loaded: dict[str, Any]) -> None:
