@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -246,3 +247,39 @@ def test_a_missing_blob_falls_back_and_a_changed_one_is_refused(work: Path) -> N
     )
     status = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
     assert "missing" in status["attempts"][-1]["fallback"]["reason"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="opt-in: needs nvidia-smi")
+def test_cuda_training_resumes_to_the_same_result(work: Path) -> None:
+    """A seeded CUDA training loop killed between epochs resumes to the uninterrupted
+    run's losses: tensors on the device, the optimizer and torch's CUDA generator come
+    back with the snapshot."""
+    from .conftest import write_notebook
+
+    write_notebook(
+        work / "cuda.ipynb",
+        "import torch\ntorch.manual_seed(0)\ndev = torch.device('cuda')\n"
+        "model = torch.nn.Linear(64, 1).to(dev)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "losses = []",
+        *[
+            "x = torch.randn(256, 64, device=dev)\ny = x.sum(1, keepdim=True)\n"
+            "loss = ((model(x) - y) ** 2).mean()\nopt.zero_grad()\nloss.backward()\nopt.step()\n"
+            "losses.append(round(loss.item(), 6))\nimport time\ntime.sleep(0.3)"
+        ]
+        * 8,
+        "print(losses, torch.cuda.get_rng_state().sum().item())",
+    )
+    assert cli("run", "cuda.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
+    proc = start_cli(
+        "run", "cuda.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 5, timeout=300)
+    kill(proc)
+    r = cli("resume", "rd", cwd=work, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (
+        load(work / "out.ipynb")["cells"][-1]["outputs"]
+        == load(work / "ref.ipynb")["cells"][-1]["outputs"]
+    )
