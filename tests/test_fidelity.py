@@ -283,3 +283,66 @@ def test_cuda_training_resumes_to_the_same_result(work: Path) -> None:
         load(work / "out.ipynb")["cells"][-1]["outputs"]
         == load(work / "ref.ipynb")["cells"][-1]["outputs"]
     )
+
+
+@pytest.mark.parametrize("where", ["s3"], indirect=True)
+def test_spotbook_changes_nothing_the_notebook_can_see(work: Path, place: Place) -> None:
+    """On an object store, with snapshots after every cell: the kernel never imports the
+    storage or runner libraries (they would add warnings filters and modules), and the
+    retries' jitter never draws from the notebook's seeded generator."""
+    from .conftest import write_notebook
+
+    write_notebook(
+        work / "seen.ipynb",
+        "import random, sys, warnings\nrandom.seed(5)\nfilters = len(warnings.filters)",
+        *["x = random.random()"] * 6,
+        "foreign = ('fsspec', 's3fs', 'botocore', 'aiohttp', 'urllib3', 'requests', 'gcsfs', "
+        "'nbclient', 'jupyter_client')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in foreign))\n"
+        "print(len(warnings.filters) == filters, x)",
+    )
+    r = cli("run", "seen.ipynb", "ref.ipynb", "--snapshot", "off", cwd=work)
+    assert r.returncode == 0, r.stderr
+    r = cli(
+        "run",
+        "seen.ipynb",
+        "out.ipynb",
+        "--run-dir",
+        place.rd,
+        "--snapshot",
+        "every-cell",
+        cwd=work,
+        env=place.env,
+    )
+    assert r.returncode == 0, r.stderr
+    text = "".join(load(work / "out.ipynb")["cells"][-1]["outputs"][0]["text"])
+    assert text.startswith("[]\nTrue ")
+    assert (
+        load(work / "out.ipynb")["cells"][-1]["outputs"]
+        == load(work / "ref.ipynb")["cells"][-1]["outputs"]
+    )
+
+
+def test_torch_generator_and_defaults_come_back(work: Path) -> None:
+    pytest.importorskip("torch", reason="torch is installed only where a CPU wheel is on disk")
+    from .conftest import write_notebook
+
+    write_notebook(
+        work / "t.ipynb",
+        "import torch\ntorch.manual_seed(3)\ntorch.set_default_dtype(torch.float64)\n"
+        "w = torch.rand(2, requires_grad=True)\nw.sum().backward()",
+        "import time\ntime.sleep(2)",
+        "print(torch.rand(3).tolist(), torch.get_default_dtype(), w.grad.tolist())",
+    )
+    assert cli("run", "t.ipynb", "ref.ipynb", cwd=work).returncode == 0
+    proc = start_cli(
+        "run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 1, what="cell 0")
+    kill(proc)
+    r = cli("resume", "rd", "--strict-resume", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert (
+        load(work / "out.ipynb")["cells"][2]["outputs"]
+        == load(work / "ref.ipynb")["cells"][2]["outputs"]
+    )

@@ -257,6 +257,8 @@ def _tf_restore(state: Any) -> None:
 
 def _ipython_capture() -> Any:
     shell = _shell()
+    if shell is None:  # not in a kernel: nothing of IPython's to keep
+        return None
     formatter = shell.display_formatter.formatters["text/plain"]
     return {
         "extensions": sorted(shell.extension_manager.loaded),
@@ -270,6 +272,8 @@ def _ipython_restore(state: Any) -> None:
     from traitlets.config import Config
 
     shell = _shell()
+    if shell is None or state is None:
+        return
     for name in state["extensions"]:
         if name not in shell.extension_manager.loaded:
             shell.extension_manager.load_extension(name)
@@ -355,11 +359,37 @@ def capture_env() -> dict[str, Any]:
     return {"cwd": os.getcwd(), "sys.path": list(sys.path), "os.environ": _env_capture()}
 
 
-def capture_rngs() -> dict[str, Any]:
-    """The global generators of ``random`` and numpy as JSON-able values."""
+def rng_states() -> dict[str, Any]:
+    """The global generators' states as they are (cheap: taken before every cell)."""
     out: dict[str, Any] = {"random": random.getstate()}
     if "numpy.random" in sys.modules:
-        name, key, pos, has_gauss, cached = _numpy().random.get_state()
+        with contextlib.suppress(Exception):
+            out["numpy.random"] = _numpy().random.get_state()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            out["torch"] = torch.get_rng_state()
+    return out
+
+
+def same_rngs(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether no global generator moved between the two :func:`rng_states`."""
+    if before.keys() != after.keys() or before["random"] != after["random"]:
+        return False
+    if "numpy.random" in before:
+        a, b = before["numpy.random"], after["numpy.random"]
+        if a[2:] != b[2:] or a[1].tobytes() != b[1].tobytes():
+            return False
+    if "torch" in before:
+        return bool(before["torch"].numpy().tobytes() == after["torch"].numpy().tobytes())
+    return True
+
+
+def rngs_json(states: dict[str, Any]) -> dict[str, Any]:
+    """:func:`rng_states` as JSON-able values, for a replay (torch's is not kept)."""
+    out: dict[str, Any] = {"random": states["random"]}
+    if "numpy.random" in states:
+        name, key, pos, has_gauss, cached = states["numpy.random"]
         out["numpy.random"] = [name, key.tolist(), pos, has_gauss, cached]
     return out
 
@@ -377,20 +407,3 @@ def restore_rngs(state: dict[str, Any]) -> dict[str, str]:
     except Exception as exc:
         failed["random"] = f"{type(exc).__name__}: {exc}"[:200]
     return failed
-
-
-def fingerprint_rngs() -> tuple[Any, ...]:
-    """Cheap identity of the global generators' states: did a cell draw from them?"""
-    parts: list[Any] = [random.getstate()[1][-1], random.getstate()[1][:4]]
-    np = sys.modules.get("numpy.random")
-    if np is not None:
-        try:
-            st = sys.modules["numpy"].random.get_state(legacy=False)
-            parts.append((st["state"]["pos"], bytes(st["state"]["key"][:4])))
-        except Exception:
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        with contextlib.suppress(Exception):
-            parts.append(bytes(torch.get_rng_state()[:32].numpy()))
-    return tuple(parts)

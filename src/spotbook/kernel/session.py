@@ -41,7 +41,7 @@ _baseline_modules: set[str] = set()
 _baseline_threads: set[int] = set()
 _effects: dict[str, list[str]] = {}
 _recording = False
-_rng_before: tuple[Any, ...] = ()
+_rng_before: dict[str, Any] = {}
 _pre: dict[str, Any] = {}  # the state a cell started with, when the runner needs it
 # path -> its size before the running cell first opened it for writing (None: absent),
 # so a cell that runs again after a kill can be given back the files it started with
@@ -103,18 +103,16 @@ def _pre_cell(info: Any = None) -> None:
     env = process_state.capture_env()
     if env != _last_env:  # sent only when it changed: most cells share their start
         _pre["env"] = _last_env = env
-    _pre["rng"] = process_state.capture_rngs()
-    _rng_before = process_state.fingerprint_rngs()
+    _rng_before = process_state.rng_states()
     _recording = True
 
 
 def _post_cell(result: Any = None) -> None:
     global _recording
     _recording = False
-    if process_state.fingerprint_rngs() != _rng_before:
-        _effects["random"] = sorted(_pre["rng"])
-    else:
-        _pre.pop("rng", None)  # it drew nothing: a replay needs no generator state
+    if _rng_before and not process_state.same_rngs(_rng_before, process_state.rng_states()):
+        _effects["random"] = sorted(_rng_before)
+        _pre["rng"] = process_state.rngs_json(_rng_before)  # where a replay starts it from
 
 
 def _note(kind: str, what: str) -> None:
