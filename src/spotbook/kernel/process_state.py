@@ -63,14 +63,18 @@ def active() -> list[Part]:
 
 # -- the interpreter -------------------------------------------------------------------
 _baseline_env: dict[str, str] = {}
+_baseline_raw: Any = None
 _baseline_loggers: dict[str, tuple[Any, ...]] = {}
 
 
 def set_baseline() -> None:
     """Remember the environment and loggers the kernel started with: what the notebook
     changed since is what is saved (the kernel's own loggers are not the notebook's)."""
+    global _baseline_raw
     _baseline_env.clear()
     _baseline_env.update(os.environ)
+    raw = getattr(os.environ, "_data", None)
+    _baseline_raw = dict(raw) if isinstance(raw, dict) else None
     _baseline_loggers.clear()
     _baseline_loggers.update({n: _logger_state(lg) for n, lg in _loggers().items()})
 
@@ -80,10 +84,21 @@ def _ours(key: str) -> bool:
 
 
 def _env_capture() -> Any:
-    now = os.environ
-    changed = {k: v for k, v in now.items() if _baseline_env.get(k) != v and not _ours(k)}
-    removed = sorted(k for k in _baseline_env if k not in now and not _ours(k))
-    return {"set": changed, "unset": removed}
+    # os.environ decodes every key and value on each look; its raw bytes dict (POSIX)
+    # is compared instead, and only what changed is decoded
+    raw = getattr(os.environ, "_data", None)
+    if isinstance(raw, dict) and isinstance(_baseline_raw, dict):
+        decode = os.fsdecode
+        changed = {decode(k): decode(v) for k, v in raw.items() if _baseline_raw.get(k) != v}
+        removed = [decode(k) for k in _baseline_raw if k not in raw]
+    else:
+        now = os.environ
+        changed = {k: v for k, v in now.items() if _baseline_env.get(k) != v}
+        removed = [k for k in _baseline_env if k not in now]
+    return {
+        "set": {k: v for k, v in changed.items() if not _ours(k)},
+        "unset": sorted(k for k in removed if not _ours(k)),
+    }
 
 
 def _env_restore(state: Any) -> None:
@@ -164,8 +179,12 @@ def _pandas_config() -> Any:
 
 def _pandas_capture() -> Any:
     # the nested dict of every option's value: copying it is far cheaper than asking
-    # each registered option in turn
-    return copy.deepcopy(_pandas_config()._global_config)
+    # each registered option in turn (values are scalars, callables or tuples)
+    return _copy_tree(_pandas_config()._global_config)
+
+
+def _copy_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: _copy_tree(v) if type(v) is dict else v for k, v in tree.items()}
 
 
 def _pandas_restore(state: Any) -> None:
@@ -190,7 +209,9 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _mpl_capture() -> Any:
     mpl = sys.modules["matplotlib"]
-    return dict.copy(mpl.rcParams)  # raw values: no validation on the way out
+    # raw values through dict's own items: RcParams' mapping methods validate each
+    # key and cost a hundred times more
+    return dict(dict.items(mpl.rcParams))
 
 
 def _mpl_restore(state: Any) -> None:
