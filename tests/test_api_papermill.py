@@ -66,6 +66,8 @@ def _papermill(*args: str, cwd: Path) -> None:
     ],
 )
 def test_same_result_as_papermill(tmp_path: Path, notebook: Path, params: list[str]) -> None:
+    if not notebook.exists():
+        pytest.skip(f"{notebook.name}: the shared test notebooks are not beside the repository")
     cwd = ["--cwd", str(notebook.parent)]
     # papermill needs -k for notebooks without a kernelspec name; spotbook defaults to python3
     _papermill(str(notebook), "pm.ipynb", *params, *cwd, "-k", "python3", cwd=tmp_path)
