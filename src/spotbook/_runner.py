@@ -167,9 +167,9 @@ class Runner:
         return asyncio.run(self.arun())
 
     async def arun(self) -> RunResult:
-        self.records = self.store.cell_records()
+        self.records, notes = self.store.records_and_notes()
         start = start_index(self.nb, self.records)
-        executed = self.store.cell_records(executed=True).get(start)
+        executed = notes.get(start)
         if exited_early(self.records) or start >= len(self.nb.cells):
             return self._finish_already_done()
         self._check_budget()

@@ -496,12 +496,14 @@ class RunStore:
             bound[n] = running_min
         return bound
 
-    def cell_records(self, executed: bool = False) -> dict[int, dict[str, Any]]:
-        """The record that counts for each finished cell.
+    def cell_records(self) -> dict[int, dict[str, Any]]:
+        """The record that counts for each finished cell."""
+        return self.records_and_notes()[0]
 
-        With ``executed``: instead, the notes of cells that finished executing but
-        whose record was not committed yet (what they wrote, to undo on a rerun).
-        """
+    def records_and_notes(self) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+        """The record that counts for each finished cell, and the notes of cells that
+        finished executing but whose record was never committed (``status: executed``:
+        the files they wrote, to give back before they run again)."""
         takeover = self._takeover_points()
         best: dict[int, tuple[int, dict[str, Any]]] = {}
         names = self.names("cells")
@@ -521,11 +523,11 @@ class RunStore:
                 rec = self.read_json(f"cells/{key.name}")
                 if rec is not None:
                     best[index] = (key.attempt, rec)
-        return {
-            index: rec
-            for index, (_, rec) in best.items()
-            if (rec.get("status") == "executed") is executed
-        }
+        records: dict[int, dict[str, Any]] = {}
+        notes: dict[int, dict[str, Any]] = {}
+        for index, (_, rec) in best.items():
+            (notes if rec.get("status") == "executed" else records)[index] = rec
+        return records, notes
 
     def _read_lines(self, rel: str) -> list[dict[str, Any]]:
         data = self.read(rel) or b""

@@ -20,7 +20,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -84,7 +83,8 @@ def init() -> str:
             os.path.join(home, ".config"),
             os.path.join(home, ".local"),
             os.environ.get("MPLCONFIGDIR", os.path.join(home, ".matplotlib")),
-            os.environ.get("SPOTBOOK_STAGING", os.path.join(tempfile.gettempdir(), "spotbook-")),
+            # the checkpoint directory is spotbook's to restore: a rerun writing it is meant
+            os.environ.get("SPOTBOOK_CHECKPOINT_DIR", os.path.join(home, ".spotbook-none")),
         )
     )
     shell = _shell()
