@@ -147,6 +147,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(
             f"  {r['case']:<32} {r['identical']:>3} identical {r['named']:>3} named "
             f"{r['failed']:>3} failed"
+            + (f" (named: {', '.join(r['which'])})" if r.get("which") else "")
         )
 
 

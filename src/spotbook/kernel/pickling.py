@@ -139,6 +139,61 @@ def with_grad(rebuild: Callable[..., Any], args: tuple[Any, ...], grad: Any) -> 
     return tensor
 
 
+def build_set(kind: type, items: list[Any], presize: bool = False) -> Any:
+    """A set whose items were added in ``items``' order, into a table that grew item by
+    item or (``presize``) was sized for them all first, as ``set.update`` and set
+    literals size it (see :class:`SetInOrder`)."""
+    source: Any = dict.fromkeys(items) if presize else items
+    if kind is frozenset:
+        return frozenset(source)
+    out = kind()
+    if presize:
+        out.update(source)
+    else:
+        for item in items:
+            out.add(item)
+    return out
+
+
+class SetInOrder:
+    """A set to pickle with the insertion order that gives back its iteration order.
+
+    A set's iteration order follows its table's slots, which depend on the order its
+    items were added and on how its table grew; unpickling adds the items in iteration
+    order to a growing table, which lands some in other slots. When another way is
+    found that rebuilds the same iteration order (with the run's fixed hash seed), the
+    set is saved with it.
+    """
+
+    def __init__(self, value: set[Any] | frozenset[Any], how: tuple[list[Any], bool]) -> None:
+        self.kind = type(value)
+        self.order, self.presize = how
+
+    def __reduce__(self) -> Any:
+        return build_set, (self.kind, self.order, self.presize)
+
+
+def rebuild_order(
+    value: set[Any] | frozenset[Any], tries: int = 64
+) -> tuple[list[Any], bool] | None:
+    """An insertion order and table sizing that rebuild ``value`` iterating as it does
+    (``(iteration order, False)`` is what plain unpickling does), or None."""
+    want = list(value)
+    if len(want) > 100_000:
+        return None
+    shuffler = __import__("random").Random(len(want))  # never the notebook's generator
+    candidates: list[list[Any]] = [want, want[::-1]]
+    for attempt in range(tries + 2):
+        if attempt >= len(candidates):
+            order = list(want)
+            shuffler.shuffle(order)
+            candidates.append(order)
+        for presize in (False, True):
+            if list(build_set(type(value), candidates[attempt], presize)) == want:
+                return candidates[attempt], presize
+    return None
+
+
 def view_of(
     root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
 ) -> Any:

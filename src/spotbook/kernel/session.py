@@ -26,7 +26,14 @@ import types
 from typing import Any
 
 from . import process_state
-from .pickling import Blobs, IntegrityError, dump_namespace, load_namespace
+from .pickling import (
+    Blobs,
+    IntegrityError,
+    SetInOrder,
+    dump_namespace,
+    load_namespace,
+    rebuild_order,
+)
 
 # IPython's own names in the namespace: its history and helpers, never the notebook's
 _IPYTHON_NAMES = frozenset(
@@ -218,18 +225,6 @@ def _namespace(shell: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return values, kinds
 
 
-def _same_order_when_rebuilt(value: set[Any] | frozenset[Any]) -> bool:
-    """Whether the set unpickled in a kernel with the same hash seed iterates in the same
-    order: it is rebuilt by adding its items in iteration order, which lands each in
-    its old slot unless the set grew or shrank another way, or an item's probe jumped."""
-    if len(value) > 100_000:
-        return False  # not checked: said to differ
-    rebuilt: set[Any] = set()
-    for item in value:
-        rebuilt.add(item)
-    return list(rebuilt) == list(value)
-
-
 def state_bytes() -> int:
     """Rough size of the user namespace, to estimate a first snapshot's cost."""
     total = 0
@@ -271,6 +266,14 @@ def snapshot(blob_dir: str) -> str:
     capture_seconds = time.perf_counter() - t0
     segments: dict[str, Any] = {f"\x00part:{k}": v for k, v in process.items()}
     segments.update(values)
+    unordered = []
+    for name, value in values.items():
+        if isinstance(value, set | frozenset):
+            how = rebuild_order(value)
+            if how is None:
+                unordered.append(name)  # said to differ
+            elif how != (list(value), False):  # plain unpickling would not do
+                segments[name] = SetInOrder(value, how)
     hm = shell.history_manager
     segments[_HISTORY] = {"parsed": list(hm.input_hist_parsed), "raw": list(hm.input_hist_raw)}
     for n, value in hm.output_hist.items():
@@ -286,7 +289,7 @@ def snapshot(blob_dir: str) -> str:
             }
         else:
             variables[name] = {"kind": "object", "type": type(value).__qualname__}
-            if isinstance(value, set | frozenset) and not _same_order_when_rebuilt(value):
+            if name in unordered:
                 variables[name]["order"] = "may differ"
     for name, why in failed.items():
         if name.startswith("\x00part:"):
