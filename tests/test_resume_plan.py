@@ -188,3 +188,18 @@ def test_reads_of_a_plain_variables_cell_are_not_needed_later() -> None:
         unrestored=frozenset({"fh"}),
     )
     assert plan.head == ()
+
+
+def test_files_the_tail_wrote_are_given_back_before_it_replays() -> None:
+    plan = plan_resume(
+        start=3,
+        executable=[True] * 3,
+        sources=["x = 1", "open('a.txt', 'a').write('1')", "open('a.txt', 'a').write('2')"],
+        tags=[[], [], []],
+        snapshot_after=0,
+        effects={1: {"writes": ["/w/a.txt"]}, 2: {"writes": ["/w/a.txt"], "runs": ["ls"]}},
+        undo={1: {"/w/a.txt": 5}, 2: {"/w/a.txt": 6}},
+    )
+    assert plan.tail == (1, 2) and plan.give_back == {"/w/a.txt": 5}
+    # writing a file it gets back as it was is exact; running a command is not
+    assert plan.may_differ == ("cell 2 runs ls, and was replayed",)

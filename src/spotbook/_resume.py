@@ -71,6 +71,9 @@ class ResumePlan:
     # restored variables a rebuilt one is made from, whose replayed objects are kept
     # (not loaded again) so the two stay linked: the chain replays all their changes
     keep: frozenset[str] = frozenset()
+    # files the tail writes, and their size before its first cell wrote them (None: it
+    # created them): given back before the tail replays, so it writes them as it did
+    give_back: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def replay(self) -> tuple[int, ...]:
@@ -211,6 +214,7 @@ def plan_resume(
     effects: Mapping[int, Mapping[str, Sequence[str]]] | None = None,
     stable: frozenset[str] = frozenset(),
     rng_known: frozenset[int] = frozenset(),
+    undo: Mapping[int, Mapping[str, int | None]] | None = None,
 ) -> ResumePlan:
     """Plan the replay for a run whose cells ``0..start-1`` are finished.
 
@@ -218,7 +222,8 @@ def plan_resume(
     (its type); ``effects`` are the finished cells' recorded effects; ``stable`` are
     restored names no cell changes meaningfully (modules, functions, classes);
     ``rng_known`` are cells whose random generators' starting state was recorded, so
-    replaying them out of order draws the same numbers.
+    replaying them out of order draws the same numbers; ``undo`` gives, for cells that
+    wrote files, each file's size before the cell ran.
     """
     effects = effects or {}
     kinds = dict(unrestored) if isinstance(unrestored, Mapping) else dict.fromkeys(unrestored, "")
@@ -226,12 +231,19 @@ def plan_resume(
     never = {i for i in done if NO_REPLAY_TAG in tags[i]}
     reasons: dict[int, str] = {}
     may_differ: list[str] = []
+    undo = undo or {}
     if snapshot_after is None:
         tail = [i for i in done if i not in never]
         reasons = dict.fromkeys(tail, "no snapshot")
-        _effects_of(tail, effects, may_differ, in_order=True)
+        back = _give_back(tail, undo)
+        _effects_of(tail, _without(effects, back), may_differ, in_order=True)
         return ResumePlan(
-            start, None, tail=tuple(tail), reasons=reasons, may_differ=tuple(may_differ)
+            start,
+            None,
+            tail=tuple(tail),
+            reasons=reasons,
+            may_differ=tuple(may_differ),
+            give_back=back,
         )
 
     names = {i: cell_names(sources[i], transform) for i in done if i <= snapshot_after}
@@ -288,8 +300,9 @@ def plan_resume(
     tail = [i for i in done if i > snapshot_after and i not in never]
     for i in tail:
         reasons[i] = "ran after the snapshot"
+    back = _give_back(tail, undo)
     _effects_of(sorted(head), effects, may_differ, in_order=False, rng_known=rng_known)
-    _effects_of(tail, effects, may_differ, in_order=True)
+    _effects_of(tail, _without(effects, back), may_differ, in_order=True)
     dropped = tuple(sorted(set(kinds) - needed))
     return ResumePlan(
         start=start,
@@ -302,7 +315,32 @@ def plan_resume(
         may_differ=tuple(may_differ),
         dropped=dropped,
         keep=frozenset(keep),
+        give_back=back,
     )
+
+
+def _give_back(
+    tail: Sequence[int], undo: Mapping[int, Mapping[str, int | None]]
+) -> dict[str, int | None]:
+    """Each file the tail wrote, with its size before the first tail cell wrote it."""
+    back: dict[str, int | None] = {}
+    for i in tail:
+        for path, size in (undo.get(i) or {}).items():
+            back.setdefault(path, size)
+    return back
+
+
+def _without(
+    effects: Mapping[int, Mapping[str, Any]], back: Mapping[str, int | None]
+) -> dict[int, dict[str, Any]]:
+    """Effects less the writes to files that are given back (replaying them is exact)."""
+    out: dict[int, dict[str, Any]] = {}
+    for i, found in effects.items():
+        found = dict(found)
+        if "writes" in found:
+            found["writes"] = [p for p in found["writes"] if p not in back]
+        out[i] = found
+    return out
 
 
 def _kept(

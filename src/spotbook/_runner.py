@@ -538,7 +538,7 @@ class Runner:
                 exiting = result.error["ename"] == "SystemExit"
                 status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
             record = self._record(index, result, t0, duration, status)
-            undo = record.pop("undo", None)
+            undo = record.get("undo")
             if undo and status == "completed":
                 # The cell wrote files, and a snapshot flushes them before the cell's
                 # record is committed: should the run be killed in between, the cell
@@ -945,6 +945,7 @@ class Runner:
                 unrestored={n: kinds.get(n, "") for n in failed},
                 transform=python_transform,
                 effects={i: r.get("effects") or {} for i, r in self.records.items()},
+                undo={i: r["undo"] for i, r in self.records.items() if r.get("undo")},
                 rng_known=frozenset(
                     i for i, r in self.records.items() if (r.get("pre") or {}).get("rng")
                 ),
@@ -979,6 +980,9 @@ class Runner:
                 report.process_problems(
                     json.loads(await self.session.evaluate(f"{_KERNEL_MODULE}.apply_last()"))
                 )
+            if plan.give_back:
+                # the files the tail cells wrote, as they were before the first of them
+                report.undone.extend(_undo_files(plan.tail[0], dict(plan.give_back)))
             for index in plan.tail:
                 await self._replay(index)
         except (_CannotRebuild, _ReplayFailed) as exc:
