@@ -39,10 +39,7 @@ CAPTURE_CELLS = [
 ]
 
 
-def capture_costs(work: Path) -> list[float]:
-    nb = work / "capture.ipynb"
-    write_notebook(nb, CAPTURE_CELLS)
-    store = work / "capture-store"
+def spotbook_run(nb: Path, store: Path, *extra: str, env: dict[str, str] | None = None) -> None:
     subprocess.run(
         [
             sys.executable,
@@ -52,14 +49,22 @@ def capture_costs(work: Path) -> list[float]:
             str(nb),
             "--run-dir",
             str(store),
-            "--snapshot",
-            "every-cell",
+            *extra,
             "--no-progress-bar",
             "--log-level",
             "WARNING",
         ],
         check=True,
+        env=env,
+        capture_output=True,
     )
+
+
+def capture_costs(work: Path) -> list[float]:
+    nb = work / "capture.ipynb"
+    write_notebook(nb, CAPTURE_CELLS)
+    store = work / "capture-store"
+    spotbook_run(nb, store, "--snapshot", "every-cell")
     snaps = store / "state" / "snap"
     return [
         json.loads((snaps / n).read_text())["capture_seconds"] for n in sorted(os.listdir(snaps))
@@ -81,23 +86,7 @@ def run_once(nb: Path, store: Path, src: Path | None) -> float:
     if src is not None:  # the kernel inherits it, so it imports the same spotbook
         env["PYTHONPATH"] = str(src)
     started = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spotbook",
-            "run",
-            str(nb),
-            "--run-dir",
-            str(store),
-            "--no-progress-bar",
-            "--log-level",
-            "WARNING",
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    spotbook_run(nb, store, env=env)
     return time.perf_counter() - started
 
 

@@ -78,20 +78,6 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def write_notebook(path: Path, *sources: str) -> None:
-    """A Python 3 notebook with one code cell per source."""
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
-
-
 def _joined(value: Any) -> Any:
     """nbformat may store multi-line strings as lists of lines; compare them joined."""
     return "".join(value) if isinstance(value, list) else value

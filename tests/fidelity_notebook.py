@@ -9,7 +9,10 @@ report mentions one of those cells or the pattern's variable.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
+
+from .nbwrite import write_notebook
 
 CELLS = [
     # 0: imports, and a helper module the notebook imports later from a path it adds
@@ -245,17 +248,8 @@ CHECKS = 11  # the cell that prints the PATTERN lines
 KILL_CELLS = {"after-change": 5, "later-cell": 9}  # kill once this many cells committed
 
 
-def write(path: Any) -> None:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, str(path))
+def write(path: Path) -> None:
+    write_notebook(path, *CELLS)
 
 
 def _text(output: dict[str, Any]) -> str:

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .nbwrite import write_notebook
+
 # library -> [(class shown, code that makes o, expression that exercises o)]
 # Each behaviour is evaluated after the resume, in a later cell.
 ENTRIES: dict[str, list[tuple[str, str, str]]] = {
@@ -376,17 +378,8 @@ def _rename(code: str, var: str) -> str:
 
 
 def write(path: Path, libraries: list[str]) -> list[tuple[str, str, str]]:
-    import nbformat
-
     sources, made = cells(libraries)
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, str(path))
+    write_notebook(path, *sources)
     return made
 
 
