@@ -17,6 +17,7 @@ import pytest
 
 from spotbook._store import RunStore
 
+from .nbwrite import write_notebook as write_notebook  # the tests import it from here
 from .servers import FakeKube, Storage, start_azure, start_gcs, start_s3
 
 FIDELITY = pytest.StashKey[list[dict[str, Any]]]()
