@@ -66,7 +66,14 @@ def cells_committed(run_dir: Path) -> int:
     d = run_dir / "cells"
     if not d.is_dir():
         return 0
-    return sum((d / n).read_bytes().count(b"\n") for n in os.listdir(d) if n.endswith(".jsonl"))
+    lines = [
+        line
+        for n in os.listdir(d)
+        if n.endswith(".jsonl")
+        for line in (d / n).read_bytes().split(b"\n")[:-1]  # a torn last line is no record
+    ]
+    # notes of cells that wrote files ("executed", before a snapshot) are not records
+    return sum(1 for line in lines if b'"status":"executed"' not in line)
 
 
 def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> tuple[int, str]:

@@ -539,8 +539,11 @@ class Runner:
                 status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
             record = self._record(index, result, t0, duration, status)
             undo = record.get("undo")
-            if undo and status == "completed":
-                # The cell wrote files, and a snapshot flushes them before the cell's
+            snap_due = (
+                status == "completed" and index != last and await self._snapshot_due(duration)
+            )
+            if undo and snap_due:
+                # The cell wrote files, and the snapshot flushes them before the cell's
                 # record is committed: should the run be killed in between, the cell
                 # runs again, and this note lets the resume give it back those files
                 # as they were before it first ran.
@@ -550,18 +553,16 @@ class Runner:
                     self.attempt,
                     {"index": index, "attempt": self.attempt, "status": "executed", "undo": undo},
                 )
-            if status == "completed":
+            if snap_due:
                 # Snapshot before the record: once a cell is committed, its effects are
                 # in the store too (when the policy snapshots), so a kill after the
-                # commit never makes a resume run it again.
-                self._compute_since_snap += duration
-                # after the last cell there is nothing left to resume
-                if index != last and await self._snapshot_due():
-                    try:
-                        await self._snapshot(index)
-                    except Terminated:
-                        self._commit(index, record)
-                        raise
+                # commit never makes a resume run it again. (Never after the last cell:
+                # there is nothing left to resume.)
+                try:
+                    await self._snapshot(index)
+                except Terminated:
+                    self._commit(index, record)
+                    raise
             self._commit(index, record)
             self._recommit_updated_displays(index)
             if self.opts.on_progress:
@@ -820,7 +821,9 @@ class Runner:
         with ThreadPoolExecutor(_TRANSFERS) as pool:
             list(pool.map(one, digests))
 
-    async def _snapshot_due(self) -> bool:
+    async def _snapshot_due(self, duration: float) -> bool:
+        """Whether to snapshot after a cell that computed ``duration`` seconds."""
+        self._compute_since_snap += duration
         policy = self.spec.snapshot
         if not self._snap_enabled or not policy.due(self._compute_since_snap, self._snap_cost):
             return False
