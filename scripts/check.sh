@@ -6,8 +6,11 @@ echo "== setup ($(date +%T))"
 # torch's CPU build, where a wheel of it lies on this machine (a plain `pip install
 # torch` would fetch a CUDA build of several GB): the resume tests then cover torch too
 if ! python -c "import torch" 2>/dev/null; then
-  python -m pip install -q --no-index torch==2.13.0 2>/dev/null \
-    || echo "note: no local torch wheel; the object-class table runs without torch"
+  if python -m pip install -q --dry-run --no-index --no-deps torch==2.13.0 >/dev/null 2>&1; then
+    python -m pip install -q torch==2.13.0 2>&1 | quiet
+  else
+    echo "note: no local torch wheel; the object-class table runs without torch"
+  fi
 fi
 # Azurite (Azure's blob storage emulator, from npm) for the az:// tests
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
