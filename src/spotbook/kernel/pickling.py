@@ -30,6 +30,7 @@ import hashlib
 import io
 import os
 import pickle
+import random
 import sqlite3
 import sys
 import threading
@@ -181,7 +182,7 @@ def rebuild_order(
     want = list(value)
     if len(want) > 100_000:
         return None
-    shuffler = __import__("random").Random(len(want))  # never the notebook's generator
+    shuffler = random.Random(len(want))  # its own generator, never the notebook's
     candidates: list[list[Any]] = [want, want[::-1]]
     for attempt in range(tries + 2):
         if attempt >= len(candidates):

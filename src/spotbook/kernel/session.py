@@ -225,10 +225,11 @@ def _namespace(shell: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return values, kinds
 
 
-def state_bytes() -> int:
+def state_bytes(values: dict[str, Any] | None = None) -> int:
     """Rough size of the user namespace, to estimate a first snapshot's cost."""
     total = 0
-    values, _ = _namespace(_shell())
+    if values is None:
+        values, _ = _namespace(_shell())
     for value in values.values():
         nbytes = getattr(value, "nbytes", None)
         total += nbytes if isinstance(nbytes, int) else sys.getsizeof(value, 0)
@@ -305,7 +306,7 @@ def snapshot(blob_dir: str) -> str:
             "threads": _threads(),
             "new_blobs": blobs.new,
             "written": blobs.written,
-            "state_bytes": state_bytes(),
+            "state_bytes": state_bytes(values),
             "capture_seconds": capture_seconds,
             "seconds": time.perf_counter() - started,
         }
