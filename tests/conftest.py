@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -125,10 +126,26 @@ def comparable(nb: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[FIDELITY] = []
+    # The per-user run key goes in a directory of the test session's own, never the
+    # tester's ~/.config (every subprocess inherits this).
+    if "SPOTBOOK_CONFIG_DIR" not in os.environ:
+        os.environ["SPOTBOOK_CONFIG_DIR"] = tempfile.mkdtemp(prefix="spotbook-config-")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """The fidelity matrix's count: cases (patterns x kill points) identical, named, failed."""
+    """The fidelity matrix's count: cases (patterns x kill points) identical, named, failed;
+    and the tamper suite's: attacks refused."""
+    tamper = [
+        r
+        for key in ("passed", "failed")
+        for r in terminalreporter.stats.get(key, [])
+        if "test_tampered_store_is_refused" in getattr(r, "nodeid", "")
+    ]
+    if tamper:
+        refused = sum(1 for r in tamper if r.passed)
+        terminalreporter.write_line(
+            f"tamper suite: {refused} of {len(tamper)} attacks refused (exit 2, object named)"
+        )
     rows = config.stash.get(FIDELITY, [])
     if not rows:
         return

@@ -166,7 +166,7 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/version":
             return self._send(200, {"major": "1", "minor": "37", "gitVersion": "v1.37.0"})
         kind, ns, name, sub = _parse(url.path)
-        if kind not in ("jobs", "pods", "nodes"):
+        if kind not in ("jobs", "pods", "nodes", "secrets"):
             return self._send(
                 404, _status(404, "NotFound", f"the server could not find {url.path}")
             )

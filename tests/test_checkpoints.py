@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spotbook._checkpoints import CheckpointDir
-from spotbook._errors import SupersededError
+from spotbook._errors import StoreIntegrityError, SupersededError
 from spotbook._store import RunStore
 
 from .conftest import cli
@@ -38,7 +38,7 @@ def test_sync_uploads_only_what_changed_and_restores_it(tmp_path: Path) -> None:
 
     dst = tmp_path / "b"
     dst.mkdir()
-    fetched = CheckpointDir(store, str(dst), attempt=2).restore()
+    fetched = CheckpointDir(store, str(dst), attempt=2).restore(store.files_manifest())
     assert fetched == 100_012
     assert (dst / "sub" / "state.json").read_text() == '{"epoch": 2}'
     assert (dst / "model.bin").read_bytes() == b"x" * 100_000
@@ -53,7 +53,7 @@ def test_newest_attempts_manifest_wins(tmp_path: Path) -> None:
         CheckpointDir(store, str(d), attempt).sync()
     out = tmp_path / "out"
     out.mkdir()
-    CheckpointDir(store, str(out), 3).restore()
+    CheckpointDir(store, str(out), 3).restore(store.files_manifest())
     assert (out / "f").read_text() == "new"
 
 
@@ -72,7 +72,7 @@ def test_a_superseded_attempt_writes_no_manifest(tmp_path: Path) -> None:
     assert store.names("files") == ["a0001-000001.json"]
     out = tmp_path / "out"
     out.mkdir()
-    CheckpointDir(store, str(out), 3).restore()
+    CheckpointDir(store, str(out), 3).restore(store.files_manifest())
     assert (out / "f").read_text() == "first"
 
 
@@ -86,7 +86,8 @@ def test_a_corrupted_blob_is_not_restored(tmp_path: Path) -> None:
     store.write(store.blob_path(manifest["files"]["f"]["sha256"]), b"evil")
     out = tmp_path / "out"
     out.mkdir()
-    CheckpointDir(store, str(out), 2).restore()
+    with pytest.raises(StoreIntegrityError, match="does not match its hash"):
+        CheckpointDir(store, str(out), 2).restore(store.files_manifest())
     assert not (out / "f").exists()
 
 

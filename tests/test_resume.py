@@ -237,7 +237,7 @@ def test_key_from_environment_must_match(work: Path, place: Place) -> None:
     _kill_after(work, keyed, 3)
     wrong = {**place.env, "SPOTBOOK_SNAPSHOT_KEY": "other"}
     r = cli("resume", place.rd, cwd=work, env=wrong)
-    assert r.returncode == 2 and "integrity" in r.stderr
+    assert r.returncode == 2 and "another key" in r.stderr
     _resume(work, keyed)
 
 

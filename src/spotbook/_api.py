@@ -16,6 +16,7 @@ from typing import Any
 
 from . import _notebook as nbs
 from ._errors import InputChangedError, UsageError
+from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
 from ._runner import Runner, RunnerOptions, RunResult
 from ._store import RunStore, check_writable, is_url, new_run_id, read_url, resolve_run
@@ -44,8 +45,12 @@ def prepare_run(
     run_dir: str | None = None,
     restart: bool = False,
     strict_resume: bool = False,
+    key: Key | None = None,
 ) -> RunStore:
-    """Freeze the parameterised notebook into a run store (or reopen a matching one)."""
+    """Freeze the parameterised notebook into a run store (or reopen a matching one).
+
+    The run is sealed with ``key`` (default: this machine's, see ``_integrity``).
+    """
     params = dict(parameters or {})
     source = _abs(input_path) or input_path
     nb = nbs.parse(read_url(input_path), repr(input_path))
@@ -73,6 +78,9 @@ def prepare_run(
     )
     existing = store.read_json("run.json")
     if existing is not None and not restart:
+        # Only a run whose seal holds is continued: re-sealing must not vouch for
+        # what someone without the key wrote.
+        existing = store.unseal(strict=strict_resume)
         old = RunSpec.from_json(existing["spec"])
         if old.input_sha256 != spec.input_sha256:
             raise InputChangedError(
@@ -89,15 +97,30 @@ def prepare_run(
                 "hash_seed": old.hash_seed,  # its kernels so far hashed strings this way
             }
         )
-        store.write_json("run.json", {**existing, "spec": spec.to_json()})
+        frozen = store.read("input.ipynb")
+        assert store.seal is not None
+        if frozen is None or not store.input_matches(existing, frozen):
+            raise store.seal.refuse("input.ipynb", "does not match the hash sealed in run.json")
+        if store.seal.legacy:  # an older store stays what it is (see LEGACY_ENV)
+            store.write_json("run.json", {**existing, "spec": spec.to_json()})
+            return store
+        seal = store.seal_run(key or load_key(), spec.to_json(), frozen)
+        store.write_json("run.json", {**existing, "spec": spec.to_json(), "seal": seal})
         return store
     if existing is not None:
         old_id = existing["spec"]["run_id"]
         spec = RunSpec(**{**vars(spec), "run_id": old_id})
-    store.write("input.ipynb", nbs.dumps(nb).encode())
-    store.key()
+    frozen = nbs.dumps(nb).encode()
+    store.write("input.ipynb", frozen)
+    seal = store.seal_run(key or load_key(), spec.to_json(), frozen)
     store.write_json(
-        "run.json", {"spec": spec.to_json(), "status": RunStatus.PENDING.value, "restart": restart}
+        "run.json",
+        {
+            "spec": spec.to_json(),
+            "status": RunStatus.PENDING.value,
+            "restart": restart,
+            "seal": seal,
+        },
     )
     if restart:
         store.claim_attempt({"outcome": "restart", "resumed_from": 0, "restart": True})

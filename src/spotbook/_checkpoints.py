@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import SupersededError
+from ._errors import StoreIntegrityError, SupersededError
+from ._integrity import inside, make_private_dirs
 from ._store import RunStore
 
 log = logging.getLogger(__name__)
@@ -68,21 +69,25 @@ class CheckpointDir:
         self._lock = threading.Lock()  # a periodic sync may still run in its thread
 
     # -- download --------------------------------------------------------------
-    def restore(self) -> int:
-        """Fill the local directory from the newest manifest; returns bytes fetched."""
-        manifest = self.store.files_manifest()
+    def restore(self, manifest: dict[str, Any] | None) -> int:
+        """Fill the local directory from ``manifest`` (the store's newest, checked by
+        ``RunStore.files_manifest``: sealed, paths inside); returns bytes fetched."""
         if manifest is None:
             return 0
         fetched = 0
         for rel, entry in sorted(manifest["files"].items()):
             target = os.path.join(self.local, *rel.split("/"))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            make_private_dirs(os.path.dirname(target))
+            target = inside(self.local, rel)  # no link placed on the way leads out
             tmp = f"{target}.spotbook-part"
             self.store.get_file(self.store.blob_path(entry["sha256"]), tmp)
             if file_digest(tmp) != entry["sha256"]:
                 os.unlink(tmp)
-                log.warning("checkpoint file %s failed its checksum; it was not restored", rel)
-                continue
+                raise StoreIntegrityError(
+                    f"{self.store.url}/{self.store.blob_path(entry['sha256'])} (checkpoint "
+                    f"file {rel!r}) does not match its hash; it was not restored. The store "
+                    "was modified; inspect it, or start over with --restart"
+                )
             os.replace(tmp, target)
             if entry.get("mtime_ns"):
                 os.utime(target, ns=(entry["mtime_ns"], entry["mtime_ns"]))
@@ -150,8 +155,9 @@ class CheckpointDir:
                     "its manifest was not written"
                 )
             self._seq += 1
-            self.store.write_json(
-                f"files/a{self.attempt:04d}-{self._seq:06d}.json",
+            self.store.write_files_manifest(
+                self.attempt,
+                self._seq,
                 {"attempt": self.attempt, "written": time.time(), "files": files},
             )
             self._last_manifest = files

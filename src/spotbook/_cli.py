@@ -22,9 +22,9 @@ from ._errors import (
     PreemptionBudgetError,
     ResumeRefusedError,
     RunNotFoundError,
-    SnapshotIntegrityError,
     SpotbookError,
     StorageError,
+    StoreIntegrityError,
     Terminated,
     UsageError,
 )
@@ -55,7 +55,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ExecutionTimeoutError, EXIT_TIMEOUT),
     (StorageError, EXIT_STORAGE),
     (ResumeRefusedError, EXIT_RESUME_REFUSED),
-    (SnapshotIntegrityError, EXIT_USAGE),
+    (StoreIntegrityError, EXIT_USAGE),
     (UsageError, EXIT_USAGE),
     (CellError, EXIT_CELL_ERROR),
 )
@@ -187,7 +187,34 @@ def _add_submit_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Kubernetes service account (workload identity for the bucket)",
     )
-    k.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    k.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for the pod; its value is in the Job spec in plain text",
+    )
+    k.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="NAME=SECRET:KEY",
+        help="a variable whose value is item KEY of Kubernetes Secret SECRET (secretKeyRef)",
+    )
+    k.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="every item of Kubernetes Secret SECRET as a variable (envFrom)",
+    )
+    k.add_argument(
+        "--key-secret",
+        default=None,
+        metavar="NAME",
+        help="the Secret holding the run key, created from this machine's key if missing "
+        "(default spotbook-run-key)",
+    )
     k.add_argument(
         "--queue",
         metavar="NAME",
@@ -434,7 +461,7 @@ def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _prepare(args: argparse.Namespace) -> RunStore:
+def _prepare(args: argparse.Namespace, key: Any = None) -> RunStore:
     """Freeze the parameterised notebook into its run store (run and submit)."""
     return prepare_run(
         args.input,
@@ -447,6 +474,7 @@ def _prepare(args: argparse.Namespace) -> RunStore:
         run_dir=args.run_dir,
         restart=args.restart,
         strict_resume=args.strict_resume,
+        key=key,
     )
 
 
@@ -474,6 +502,17 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     from ._worker import open_target, resolve_target
 
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
+        os.environ.get("SPOTBOOK_SNAPSHOT_KEY") or os.environ.get("SPOTBOOK_SNAPSHOT_KEY_FILE")
+    ):
+        # a key made in this pod's home would die with the pod: the next pod could not
+        # check the store, and every preemption would end the run
+        raise UsageError(
+            "spotbook worker in a pod needs the run key from a Kubernetes Secret: create "
+            "one (`kubectl create secret generic spotbook-run-key --from-literal=key=$(openssl "
+            "rand -hex 32)`), mount it and set SPOTBOOK_SNAPSHOT_KEY_FILE to the file "
+            "(`spotbook submit` does this itself; see docs/kubernetes.md)"
+        )
     target = resolve_target(args.run_dir, os.environ)
     store = open_target(target)
     if store.exists(CANCELLED):
@@ -523,7 +562,17 @@ def _job_record(store: RunStore) -> dict[str, Any]:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from ._job_manifest import JobOptions, build_job, parse_duration, parse_env, parse_gpu
+    from ._integrity import load_key
+    from ._job_manifest import (
+        DEFAULT_KEY_SECRET,
+        JobOptions,
+        build_job,
+        parse_duration,
+        parse_env,
+        parse_gpu,
+        parse_secret_env,
+        secret_looking,
+    )
 
     if not args.run_dir or not is_url(args.run_dir):
         raise UsageError(
@@ -551,6 +600,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         "memory": args.memory,
         "service_account": args.service_account,
         "env": parse_env(args.env),
+        "secret_env": parse_secret_env(args.secret_env),
+        "env_from_secrets": tuple(args.env_from_secret),
+        "key_secret": args.key_secret or DEFAULT_KEY_SECRET,
         "queue": args.queue,
         "ttl_seconds": parse_duration(args.ttl, "--ttl"),
         "deadline_seconds": parse_duration(args.deadline, "--deadline") if args.deadline else None,
@@ -559,6 +611,14 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     }
     if args.backoff_limit < 0:
         raise UsageError("--backoff-limit must be zero or more")
+    for name in secret_looking([n for n, _ in job_kwargs["env"]]):
+        print(
+            f"spotbook: warning: --env {name}=... puts its value in the Job spec in plain "
+            "text (anyone who can read Jobs, and the cluster's audit log, sees it); keep it "
+            "in a Kubernetes Secret and pass --secret-env "
+            f"{name}=SECRET:KEY or --env-from-secret SECRET",
+            file=sys.stderr,
+        )
     if args.dry_run:
         from . import _notebook as nbs
         from ._store import new_run_id, read_url
@@ -572,7 +632,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         return 0
     cluster = _cluster_for(args)  # before anything is written: fail early on bad config
     JobOptions(run_id="check", namespace=cluster.namespace, **job_kwargs)  # validate early
-    store = _prepare(args)
+    # The pod checks the store with the key in the Secret: seal the run with that key.
+    key = cluster.run_key(job_kwargs["key_secret"], load_key())
+    store = _prepare(args, key)
     run_id = store.require_run()["spec"]["run_id"]
     manifest = build_job(JobOptions(run_id=run_id, namespace=cluster.namespace, **job_kwargs))
     name = manifest["metadata"]["name"]

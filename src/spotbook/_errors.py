@@ -19,7 +19,8 @@
     │   ├── CellTimeoutError            one cell exceeded --execution-timeout
     │   └── RunTimeoutError             the run exceeded --timeout
     ├── PreemptionBudgetError           more preemptions than the run allows
-    ├── SnapshotIntegrityError          a snapshot failed its HMAC check
+    ├── StoreIntegrityError             an object in the run store failed its check
+    │   └── SnapshotIntegrityError      a snapshot (manifest or blob) failed its check
     ├── ResumeRefusedError              --strict-resume: the resumed run could differ
     └── Terminated                      stopped on SIGTERM/SIGINT after saving progress
 
@@ -150,7 +151,12 @@ class PreemptionBudgetError(SpotbookError):
     """The run was preempted more often than ``--max-preemptions`` allows."""
 
 
-class SnapshotIntegrityError(SpotbookError):
+class StoreIntegrityError(SpotbookError):
+    """Something the runner would trust in a run store failed its check (HMAC, hash,
+    place, path); nothing of it was used."""
+
+
+class SnapshotIntegrityError(StoreIntegrityError):
     """A kernel-state snapshot failed verification and was not loaded."""
 
 

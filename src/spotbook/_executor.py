@@ -357,8 +357,13 @@ class KernelSession:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
+# The run key vouches for the store; the notebook has no use for it, and its
+# environment can end up in snapshots, outputs and logs.
+_PRIVATE_ENV = ("SPOTBOOK_SNAPSHOT_KEY", "SPOTBOOK_SNAPSHOT_KEY_FILE")
+
+
 def kernel_env(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
     env.update(extra)
     return env
 

@@ -36,6 +36,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 NODE_GONE_SECONDS = 60  # default is 300: a dead node's pod waits 5 min to be replaced
 DEFAULT_TTL = 7 * 24 * 3600
 DEFAULT_BACKOFF = 3
+# The run key (see _integrity): a Secret that `submit` creates or reuses, mounted as a
+# file the runner reads; never an environment variable the notebook could see.
+DEFAULT_KEY_SECRET = "spotbook-run-key"
+KEY_SECRET_ITEM = "key"
+KEY_MOUNT = "/var/run/secrets/spotbook"
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,12 @@ class JobOptions:
     memory: str | None = None
     service_account: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    # (NAME, SECRET, KEY): NAME's value is item KEY of Secret SECRET (a secretKeyRef)
+    secret_env: tuple[tuple[str, str, str], ...] = ()
+    env_from_secrets: tuple[str, ...] = ()
+    # the Secret holding the run key (None: the pod gets no key, as in --dry-run of an
+    # image that brings its own)
+    key_secret: str | None = DEFAULT_KEY_SECRET
     queue: str | None = None
     ttl_seconds: int | None = DEFAULT_TTL
     deadline_seconds: int | None = None
@@ -131,6 +142,11 @@ class JobOptions:
             raise UsageError(f"run id {self.run_id!r} cannot be a Kubernetes label value")
         if not _DNS_LABEL.match(self.namespace):
             raise UsageError(f"--namespace {self.namespace!r} is not a valid namespace name")
+        for name in (*self.env_from_secrets, *(s for _, s, _ in self.secret_env)):
+            if not _DNS_SUBDOMAIN.match(name):
+                raise UsageError(f"{name!r} is not a valid Secret name (a DNS subdomain)")
+        if self.key_secret is not None and not _DNS_SUBDOMAIN.match(self.key_secret):
+            raise UsageError(f"--key-secret {self.key_secret!r} is not a valid Secret name")
         if self.queue is not None and not _LABEL_VALUE.match(self.queue):
             raise UsageError(f"--queue {self.queue!r} is not a valid Kueue queue name")
 
@@ -138,6 +154,12 @@ class JobOptions:
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_DNS_SUBDOMAIN = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_SECRET_ITEM = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+# names whose values are probably secret: they belong in a Secret, not the Job spec
+_SECRET_LOOKING = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 def job_name(run_id: str) -> str:
@@ -184,6 +206,28 @@ def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
         if not sep or not _ENV_NAME.match(name):
             raise UsageError(f"--env {item!r}: give NAME=VALUE")
         out.append((name, value))
+    return tuple(out)
+
+
+def secret_looking(names: list[str]) -> list[str]:
+    """Names given to --env whose values are probably secret (they land in the Job spec)."""
+    return [n for n in names if _SECRET_LOOKING.search(n)]
+
+
+def parse_secret_env(items: list[str]) -> tuple[tuple[str, str, str], ...]:
+    """``NAME=SECRET:KEY`` items of --secret-env."""
+    out = []
+    for item in items:
+        name, sep, ref = item.partition("=")
+        secret, colon, key = ref.partition(":")
+        if not sep or not colon or not _ENV_NAME.match(name) or not _SECRET_ITEM.match(key):
+            raise UsageError(
+                f"--secret-env {item!r}: give NAME=SECRET:KEY (the variable NAME gets item "
+                "KEY of the Kubernetes Secret SECRET)"
+            )
+        if not _DNS_SUBDOMAIN.match(secret):
+            raise UsageError(f"--secret-env {item!r}: {secret!r} is not a valid Secret name")
+        out.append((name, secret, key))
     return tuple(out)
 
 
@@ -258,7 +302,14 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         _field_env("NODE_NAME", "spec.nodeName"),
         *({"name": k, "value": v} for k, v in opts.env),
+        *(
+            {"name": n, "valueFrom": {"secretKeyRef": {"name": s, "key": k}}}
+            for n, s, k in opts.secret_env
+        ),
     ]
+    if opts.key_secret:
+        key_file = f"{KEY_MOUNT}/{KEY_SECRET_ITEM}"
+        env.append({"name": "SPOTBOOK_SNAPSHOT_KEY_FILE", "value": key_file})
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if opts.cpu:
@@ -274,6 +325,12 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         "env": env,
         "securityContext": {"allowPrivilegeEscalation": False},
     }
+    if opts.env_from_secrets:
+        container["envFrom"] = [{"secretRef": {"name": s}} for s in opts.env_from_secrets]
+    if opts.key_secret:
+        container["volumeMounts"] = [
+            {"name": "spotbook-run-key", "mountPath": KEY_MOUNT, "readOnly": True}
+        ]
     resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
     if resources:
         container["resources"] = resources
@@ -286,6 +343,20 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
     affinity = _affinity(opts, provider)
     if affinity:
         pod_spec["affinity"] = affinity
+    if opts.key_secret:
+        pod_spec["volumes"] = [
+            {
+                "name": "spotbook-run-key",
+                "secret": {
+                    "secretName": opts.key_secret,
+                    "items": [{"key": KEY_SECRET_ITEM, "path": KEY_SECRET_ITEM}],
+                    # readable by the image's user whatever its uid (the files
+                    # are root's unless the pod sets an fsGroup); only this pod's
+                    # container sees the volume
+                    "defaultMode": 0o444,
+                },
+            }
+        ]
     if opts.service_account:
         pod_spec["serviceAccountName"] = opts.service_account
     spec: dict[str, Any] = {

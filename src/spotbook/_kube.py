@@ -8,6 +8,7 @@ the default namespace. API errors become :class:`ClusterError` with what to do.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import time
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._errors import SpotbookError, UsageError
-from ._job_manifest import CONTAINER, LABEL_MANAGED, LABEL_RUN, job_name
+from ._integrity import Key
+from ._job_manifest import CONTAINER, KEY_SECRET_ITEM, LABEL_MANAGED, LABEL_RUN, job_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -189,6 +191,51 @@ class Cluster:
                 Job, name, namespace=self.namespace, cascade=CascadeType.BACKGROUND
             ),
         )
+
+    def run_key(self, secret: str, local: Key) -> Key:
+        """The run key kept in the Secret ``secret``: reused if it exists, else created
+        from ``local`` (so this machine can resume the runs it submits)."""
+        from lightkube import ApiError
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Secret
+
+        def get() -> Any:
+            try:
+                return self.client.get(Secret, secret, namespace=self.namespace)
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    return None
+                raise
+
+        found = self._call(f"get Secret {secret}", get)
+        if found is None:
+            body = Secret(
+                metadata=ObjectMeta(
+                    name=secret,
+                    namespace=self.namespace,
+                    labels={LABEL_MANAGED: "spotbook"},
+                ),
+                type="Opaque",
+                data={KEY_SECRET_ITEM: base64.b64encode(local.secret).decode()},
+            )
+            self._call(f"create Secret {secret}", lambda: self.client.create(body), retry=False)
+            log.info("created Secret %s in namespace %s with the run key", secret, self.namespace)
+            return local
+        data = (found.data or {}).get(KEY_SECRET_ITEM)
+        if not data:
+            raise UsageError(
+                f"Secret {secret!r} in namespace {self.namespace!r} has no {KEY_SECRET_ITEM!r} "
+                f"item; delete it (spotbook creates it) or name another with --key-secret"
+            )
+        key = Key(base64.b64decode(data).strip(), f"Secret {self.namespace}/{secret}")
+        if key.id != local.id:
+            log.warning(
+                "the run key in Secret %s differs from this machine's (%s): this run can be "
+                "resumed here only with SPOTBOOK_SNAPSHOT_KEY set to the Secret's key",
+                secret,
+                local.source,
+            )
+        return key
 
     def evict(self, pod: str) -> None:
         """Evict a pod through the Eviction API: what a drain or the autoscaler does."""

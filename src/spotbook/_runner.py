@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -46,7 +47,8 @@ from ._executor import CellResult, KernelDied, KernelSession, kernel_env, python
 from ._fidelity import FidelityReport
 from ._models import Clock, Outcome, RunSpec, RunStatus, SnapshotMode
 from ._resume import ResumePlan, plan_resume
-from ._store import CellKey, RunStore, sign_manifest
+from ._integrity import make_private_dirs
+from ._store import CellKey, RunStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -132,10 +134,16 @@ class Runner:
     def __init__(self, store: RunStore, options: RunnerOptions | None = None) -> None:
         self.store = store
         self.opts = options or RunnerOptions()
-        self._run = store.require_run()
+        # Nothing from the store is used before its seal is checked (exit 2 if not).
+        strict = self.opts.strict_resume or bool(
+            (store.read_json("run.json") or {}).get("spec", {}).get("strict_resume")
+        )
+        self._run = store.unseal(strict=strict)
         self.spec = RunSpec.from_json(self._run["spec"])
         raw = store.read("input.ipynb")
-        assert raw is not None, "run.json exists without input.ipynb"
+        assert store.seal is not None
+        if raw is None or not store.input_matches(self._run, raw):
+            raise store.seal.refuse("input.ipynb", "does not match the hash sealed in run.json")
         self.nb = nbs.load_frozen(raw)
         self.records: dict[int, dict[str, Any]] = {}
         self.attempt = 0
@@ -161,6 +169,11 @@ class Runner:
         self._kernel_env: dict[str, str] = {}
         self._undone: list[str] = []  # files given back to the cell that runs again
         self._uploaded: set[str] = set()  # object stores: blobs known to be in the store
+        self._snapshot_doc: dict[str, Any] | None = None  # checked before the kernel starts
+        self._files_manifest: dict[str, Any] | None = None
+        # cell -> the whole text of outputs cut to --max-output-bytes (its hash is sealed
+        # in the cell's record)
+        self._spilled: dict[int, dict[str, str]] = {}
 
     # -- entry ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -172,6 +185,7 @@ class Runner:
         executed = notes.get(start)
         if exited_early(self.records) or start >= len(self.nb.cells):
             return self._finish_already_done()
+        self._preflight(start)
         self._check_budget()
         self._claim(start)
         if executed is not None and executed.get("undo"):
@@ -219,6 +233,18 @@ class Runner:
             # Upload the checkpoint directory now, while the cell uses its grace: the
             # sync after the cell then only sends what the cell saved since.
             self._early_sync = asyncio.ensure_future(self._sync_files_quietly())
+
+    def _preflight(self, start: int) -> None:
+        """Check, before any kernel starts, what this attempt will take from the store."""
+        assert self.store.seal is not None
+        later = sorted(i for i in self.records if i > start)
+        if later:
+            raise self.store.seal.refuse(
+                f"cells/ (cell {start})",
+                f"has no record while later cells {later[:5]} have one: a record was removed",
+            )
+        self._snapshot_doc = self._usable_snapshot(start)
+        self._files_manifest = None if self.store.local else self.store.files_manifest()
 
     # -- attempt bookkeeping ----------------------------------------------------
     def _check_budget(self) -> None:
@@ -270,16 +296,16 @@ class Runner:
             self.store.update_attempt(self.attempt, self.attempt_rec)
 
     def _set_status(self, status: RunStatus, message: str = "") -> None:
-        self.store.write_json(
-            "run.json",
-            {
-                "spec": self.spec.to_json(),
-                "status": status.value,
-                "message": message,
-                "attempt": self.attempt,
-                "updated": self.opts.clock(),
-            },
-        )
+        doc = {
+            "spec": self.spec.to_json(),
+            "status": status.value,
+            "message": message,
+            "attempt": self.attempt,
+            "updated": self.opts.clock(),
+        }
+        if "seal" in self._run:  # the spec is unchanged, so its seal still holds
+            doc["seal"] = self._run["seal"]
+        self.store.write_json("run.json", doc)
 
     def _fence(self) -> None:
         if self.store.superseded(self.attempt):
@@ -298,12 +324,14 @@ class Runner:
         # Local stores hold the checkpoint directory itself, so it survives a kill;
         # object stores get a local directory that is synced (see _checkpoints).
         checkpoint = self.store.path("files") if self.store.local else os.path.join(tmp, "files")
-        os.makedirs(checkpoint, exist_ok=True)
+        make_private_dirs(checkpoint)
         files_restored: asyncio.Future[int] | None = None
         if not self.store.local:
             self._files = CheckpointDir(self.store, checkpoint, self.attempt)
             # fetched while the kernel starts; the first cell waits for it
-            files_restored = asyncio.ensure_future(asyncio.to_thread(self._files.restore))
+            files_restored = asyncio.ensure_future(
+                asyncio.to_thread(self._files.restore, self._files_manifest)
+            )
         env = kernel_env(
             {
                 "SPOTBOOK_RUN_DIR": self.store.url,
@@ -597,6 +625,8 @@ class Runner:
         }
         if result.error:
             rec["error"] = result.error
+        if index in self._spilled:
+            rec["spilled"] = self._spilled.pop(index)
         noted = _cell_effects(result.reply)
         for key in ("effects", "pre", "undo"):
             if noted.get(key):
@@ -613,7 +643,9 @@ class Runner:
         capped, full = _cap_outputs(outputs, self.spec.limits.max_output_bytes, rel)
         if full is not None:
             self._fence()
-            self.store.write(rel, full.encode("utf-8", "replace"))
+            data = full.encode("utf-8", "replace")
+            self.store.write(rel, data)
+            self._spilled[index] = {"path": rel, "sha256": hashlib.sha256(data).hexdigest()}
             log.warning(
                 "cell %d printed %d characters; the notebook keeps the head and tail, "
                 "the whole text is in %s/%s",
@@ -636,7 +668,10 @@ class Runner:
             rec = self.records.get(earlier)
             if rec is not None:
                 outputs = list(self.nb.cells[earlier].get("outputs", []))
-                self._commit(earlier, {**rec, "outputs": self._cap(earlier, outputs)})
+                updated = {**rec, "outputs": self._cap(earlier, outputs)}
+                if earlier in self._spilled:
+                    updated["spilled"] = self._spilled.pop(earlier)
+                self._commit(earlier, updated)
 
     def _commit_failure(self, index: int, t0: float, ename: str, evalue: str) -> None:
         cell = self.nb.cells[index]
@@ -778,9 +813,8 @@ class Runner:
             "kernel_seconds": manifest["seconds"],
             "capture_seconds": manifest["capture_seconds"],
         }
-        doc["mac"] = sign_manifest(self.store.key(), doc)
         self._fence()
-        self.store.write_json(f"state/snap/{CellKey(index, self.attempt).name}", doc)
+        self.store.write_snapshot(CellKey(index, self.attempt), doc)
         self._blob_bytes += int(manifest["written"])
         cost = time.monotonic() - m0
         # The first snapshot of an attempt also pays for warming the snapshot code in
@@ -860,23 +894,16 @@ class Runner:
         if not keys or not self._snap_enabled:
             return None
         key = max(keys, key=lambda k: k.index)
-        doc = self.store.read_json(f"state/snap/{key.name}")
-        if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
+        doc = self.store.read_snapshot(key)  # refuses a manifest that fails its seal
+        if doc is None:
+            return None
+        if doc.get("format") != SNAPSHOT_FORMAT:
             log.warning(
                 "snapshot %s was written by another version of spotbook; the finished "
                 "cells are replayed instead",
                 key.name,
             )
             return None
-        expected = {"run_id": self.spec.run_id, "after": key.index, "attempt": key.attempt}
-        if sign_manifest(self.store.key(), doc) != doc.get("mac") or any(
-            doc.get(k) != v for k, v in expected.items()
-        ):
-            raise SnapshotIntegrityError(
-                f"snapshot state/snap/{key.name} in {self.store.url} failed its integrity "
-                "check (HMAC) and was not loaded; the store was modified or the key changed. "
-                "Rerun from the start with `spotbook run ... --restart`"
-            )
         doc["name"] = key.name
         return doc
 
@@ -917,7 +944,7 @@ class Runner:
         """
         assert self.session is not None
         m0 = time.monotonic()
-        doc = self._usable_snapshot(start)
+        doc = self._snapshot_doc
         report = FidelityReport(snapshot=doc["name"] if doc else None, undone=self._undone)
         failed: dict[str, str] = {}
         kinds: dict[str, str] = {}

@@ -2,8 +2,8 @@
 
 Layout under the run's URL::
 
-    run.json                 spec + status, rewritten atomically on state changes
-    key                      HMAC key for snapshots (unless SPOTBOOK_SNAPSHOT_KEY is set)
+    run.json                 spec + status, rewritten atomically on state changes; its
+                             ``seal`` binds the spec, input.ipynb's hash and the key's id
     input.ipynb              the parameterised notebook, frozen at creation
     output.ipynb             assembled notebook, refreshed on a throttle and at the end
     cells/aMMMM.jsonl        records of finished cells, one line each, by attempt MMMM
@@ -23,13 +23,16 @@ Every write is "new object, then pointer": records are new objects whose names
 carry the attempt; a record of attempt A counts only for cells before the point
 where attempt A+1 took over (``attempts/A+1.json`` says where), so a stale
 attempt can never change what a newer one sees.
+
+Everything the runner trusts is sealed (``_integrity``): cell records, attempt records,
+snapshot and checkpoint manifests carry an HMAC bound to the run and their place, made
+with a key the store never holds. A local store's files are 0600 and its directories
+0700 whatever the umask; symbolic links inside it are refused.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import itertools
 import json
 import logging
@@ -46,7 +49,23 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ._errors import InputNotFoundError, RunNotFoundError, StorageError, UsageError
+from ._errors import (
+    InputNotFoundError,
+    RunNotFoundError,
+    StorageError,
+    StoreIntegrityError,
+    UsageError,
+)
+from ._integrity import (
+    SEAL_FORMAT,
+    Key,
+    LegacySeal,
+    Seal,
+    load_key,
+    make_private_dirs,
+    safe_relpath,
+    sha256_hex,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,6 +75,7 @@ _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
 _JSONL_RE = re.compile(r"^a(\d{4})\.jsonl$")
 _FILES_RE = re.compile(r"^a(\d{4})-(\d{6})\.json$")
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 
 # Transient faults on object stores: how often and how long to retry a request.
 RETRY_TRIES = 8
@@ -106,11 +126,7 @@ def with_retries(op: Callable[[], T], what: str, tries: int = RETRY_TRIES) -> T:
     raise AssertionError("unreachable")
 
 
-def sign_manifest(key: bytes, doc: dict[str, Any]) -> str:
-    """HMAC over a manifest's every field but its ``mac`` (blobs are bound by sha256)."""
-    body = {k: v for k, v in doc.items() if k not in ("mac", "name")}
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key, canon, hashlib.sha256).hexdigest()
+LEGACY_ENV = "SPOTBOOK_TRUST_LEGACY_STORE"
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -204,16 +220,27 @@ def check_writable(url: str) -> None:
 _tmp_names = itertools.count()
 
 
-def _atomic_local(path: str, data: bytes) -> None:
+def _atomic_local(path: str, data: bytes, private: bool = False) -> None:
     tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
+        if private:
+            with _private_file(tmp) as fh:
+                fh.write(data)
+        else:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _private_file(path: str) -> Any:
+    """A new file open for writing, 0600 whatever the umask (never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
 
 
 @dataclass(frozen=True)
@@ -240,7 +267,10 @@ class RunStore:
         self.local = isinstance(self.fs, LocalFileSystem)
         self.bytes_written = 0
         self._fds: dict[str, int] = {}
-        self._key: bytes | None = None
+        # Set once run.json's seal is checked (``unseal``) or made (``seal_run``): from
+        # then on what the runner trusts is signed on write and checked on read.
+        self.seal: Seal | None = None
+        self._seq: dict[int, int] = {}  # attempt -> records it wrote (a record's ``seq``)
 
     def __repr__(self) -> str:
         return f"RunStore({self.url!r})"
@@ -287,10 +317,10 @@ class RunStore:
         if self.local:
             with self._translate(f"write {rel}"):
                 try:
-                    _atomic_local(path, data)
+                    _atomic_local(path, data, private=True)
                 except FileNotFoundError:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    _atomic_local(path, data)
+                    make_private_dirs(os.path.dirname(path))
+                    _atomic_local(path, data, private=True)
         else:
             self._do_write(lambda: self.fs.pipe_file(path, data), f"write {rel}")
         self.bytes_written += len(data)
@@ -305,11 +335,11 @@ class RunStore:
         path = self.path(rel)
         if self.local:
             with self._translate(f"create {rel}"):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                make_private_dirs(os.path.dirname(path))
                 try:
                     # Link a complete temp file into place: exclusive and never half-written.
                     tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-                    with open(tmp, "wb") as fh:
+                    with _private_file(tmp) as fh:
                         fh.write(data)
                     try:
                         os.link(tmp, path)
@@ -336,8 +366,18 @@ class RunStore:
         path = self.path(rel)
         try:
             if self.local:
-                with self._translate(f"read {rel}"), open(path, "rb") as fh:
-                    return fh.read()
+                with self._translate(f"read {rel}"):
+                    try:
+                        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                    except OSError as exc:
+                        if os.path.islink(path):
+                            raise StoreIntegrityError(
+                                f"{self.url}/{rel} is a symbolic link; a run store holds "
+                                "plain files only, so it was not read"
+                            ) from exc
+                        raise
+                    with os.fdopen(fd, "rb") as fh:
+                        return fh.read()
             data: bytes = self._do(lambda: self.fs.cat_file(path), f"read {rel}")
             return data
         except FileNotFoundError:
@@ -382,8 +422,13 @@ class RunStore:
             return None
         try:
             return json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise StorageError(f"run store {self.url}: {rel} is corrupt ({exc})") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            # retrying cannot help; a torn object is an accident or tampering, and either
+            # way nothing in it may be used
+            raise StoreIntegrityError(
+                f"{self.url}/{rel} is not valid JSON ({exc}); it was not used. Inspect the "
+                "store, or start the run over with `spotbook run ... --restart`"
+            ) from exc
 
     # -- run ---------------------------------------------------------------
     def require_run(self) -> dict[str, Any]:
@@ -393,20 +438,96 @@ class RunStore:
         assert isinstance(data, dict)
         return data
 
-    def key(self) -> bytes:
-        """The HMAC key for snapshot manifests (read once per store object)."""
-        if self._key is None:
-            env = os.environ.get("SPOTBOOK_SNAPSHOT_KEY")
-            if env:
-                self._key = env.encode()
-            else:
-                data = self.read("key")
-                if data is None:
-                    self.create("key", secrets.token_hex(32).encode())
-                    data = self.read("key")
-                assert data is not None
-                self._key = data.strip()
-        return self._key
+    # -- the seal ----------------------------------------------------------------
+    def seal_run(self, key: Key, spec: dict[str, Any], input_bytes: bytes) -> dict[str, Any]:
+        """run.json's seal for a run created (or re-specified) here; arms the store."""
+        seal = Seal(key, str(spec["run_id"]), self.url)
+        info = {"format": SEAL_FORMAT, "key_id": key.id, "input_sha256": sha256_hex(input_bytes)}
+        info["mac"] = seal.mac("run.json", {"spec": spec, **info})
+        self.seal = seal
+        return info
+
+    def unseal(self, strict: bool = False) -> dict[str, Any]:
+        """run.json, checked with this machine's key; arms the store for the rest.
+
+        Raises StoreIntegrityError (exit 2) naming what failed; nothing is used first.
+        """
+        run = self.require_run()
+        spec = run.get("spec")
+        info = run.get("seal")
+        if not isinstance(spec, dict) or not isinstance(spec.get("run_id"), str):
+            raise StoreIntegrityError(f"{self.url}/run.json holds no valid run spec")
+        if self.local:
+            self._refuse_links()
+        if info is None:
+            self.seal = self._legacy_seal(spec["run_id"], strict)
+            return run
+        if not isinstance(info, dict):
+            raise StoreIntegrityError(f"{self.url}/run.json has a malformed seal")
+        key = load_key()
+        if info.get("key_id") != key.id:
+            raise StoreIntegrityError(
+                f"run {spec['run_id']} in {self.url} was sealed with another key (id "
+                f"{info.get('key_id')}), not the one here ({key.source}, id {key.id}); "
+                "give this process the key the run was created with: SPOTBOOK_SNAPSHOT_KEY "
+                "or SPOTBOOK_SNAPSHOT_KEY_FILE (a submitted run's key is in the Kubernetes "
+                "Secret `spotbook submit` named, see docs/kubernetes.md)"
+            )
+        seal = Seal(key, spec["run_id"], self.url)
+        seal.check("run.json", {"spec": spec, **info})
+        self.seal = seal
+        return run
+
+    def input_matches(self, run: dict[str, Any], data: bytes) -> bool:
+        """Whether ``data`` is the input.ipynb sealed in ``run`` (checked by ``unseal``)."""
+        assert self.seal is not None
+        if self.seal.legacy:
+            return True
+        return bool(sha256_hex(data) == run["seal"]["input_sha256"])
+
+    def _legacy_seal(self, run_id: str, strict: bool) -> Seal:
+        """A store from before the seal (its key, if any, is an object in the store)."""
+        env = os.environ.get("SPOTBOOK_SNAPSHOT_KEY", "").strip().encode()
+        key = env or (self.read("key") or b"").strip()
+        why = (
+            f"run store {self.url} was made by an older spotbook: nothing in it is sealed "
+            "with a key kept outside the store, so whoever can write the store could change "
+            "what this resume runs"
+        )
+        if strict or os.environ.get(LEGACY_ENV) != "1" or not key:
+            raise StoreIntegrityError(
+                f"{why}. Resume it only if you trust every writer of that location: set "
+                f"{LEGACY_ENV}=1 (not with --strict-resume); or start it over with "
+                "`spotbook run NOTEBOOK --run-dir ... --restart`"
+            )
+        log.warning("%s; resuming it because %s=1", why, LEGACY_ENV)
+        return LegacySeal(key, run_id, self.url)
+
+    def _refuse_links(self) -> None:
+        """A local store holds plain files: refuse a symbolic link in what is trusted."""
+        for rel in ("run.json", "input.ipynb", "cells", "attempts", "state", "files", "outputs"):
+            if os.path.islink(self.path(rel)):
+                raise StoreIntegrityError(
+                    f"{self.url}/{rel} is a symbolic link; a run store holds plain files "
+                    "and directories only, so it was not used"
+                )
+        for rel in ("cells", "attempts", "state/snap", "state/blobs", "state"):
+            try:
+                entries = list(os.scandir(self.path(rel)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    raise StoreIntegrityError(
+                        f"{self.url}/{rel}/{entry.name} is a symbolic link; a run store holds "
+                        "plain files only, so it was not used"
+                    )
+
+    def _sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return doc if self.seal is None else self.seal.sign(place, doc)
+
+    def _check(self, place: str, doc: Any) -> Any:
+        return doc if self.seal is None else self.seal.check(place, doc)
 
     # -- attempts ------------------------------------------------------------
     def attempt_numbers(self) -> list[int]:
@@ -418,7 +539,24 @@ class RunStore:
         return sorted(out)
 
     def attempts(self) -> list[dict[str, Any]]:
-        return [self.read_json(f"attempts/{n:04d}.json") or {} for n in self.attempt_numbers()]
+        """The attempt records; once sealed, checked, and only since the last --restart
+        (what came before it is discarded, and may not hold this run's seal)."""
+        if self.seal is None:
+            return [self.read_json(f"attempts/{n:04d}.json") or {} for n in self.attempt_numbers()]
+        out: list[dict[str, Any]] = []
+        for n in reversed(self.attempt_numbers()):
+            rel = f"attempts/{n:04d}.json"
+            doc = self._check(rel, self.read_json(rel))
+            if doc.get("attempt") != n:
+                raise self.seal.refuse(rel, f"says it is attempt {doc.get('attempt')}")
+            out.append(doc)
+            if doc.get("restart"):
+                break
+        return out[::-1]
+
+    def restart_point(self) -> int:
+        """The attempt of the last --restart (0: none); earlier attempts are discarded."""
+        return max((int(a["attempt"]) for a in self.attempts() if a.get("restart")), default=0)
 
     def claim_attempt(self, record: dict[str, Any]) -> int:
         """Create the next attempt record exclusively; returns its number."""
@@ -426,20 +564,30 @@ class RunStore:
         while True:
             numbers = self.attempt_numbers()
             n = (numbers[-1] if numbers else 0) + 1
-            record = {**record, "attempt": n, "claim": claim}
-            if self.create(f"attempts/{n:04d}.json", json.dumps(record).encode()):
+            rel = f"attempts/{n:04d}.json"
+            record = self._sign(rel, {**record, "attempt": n, "claim": claim})
+            if self.create(rel, json.dumps(record).encode()):
                 return n
             log.debug("attempt %d was claimed by another runner; trying the next", n)
 
     def update_attempt(self, n: int, record: dict[str, Any]) -> None:
-        self.write_json(f"attempts/{n:04d}.json", record)
+        rel = f"attempts/{n:04d}.json"
+        self.write_json(rel, self._sign(rel, {**record, "attempt": n}))
 
     def superseded(self, n: int) -> bool:
         return self.exists(f"attempts/{n + 1:04d}.json")
 
     # -- cells -----------------------------------------------------------------
     def write_cell(self, index: int, attempt: int, record: dict[str, Any]) -> None:
-        """Commit one cell's record (a later record of the same cell and attempt wins)."""
+        """Commit one cell's record (a later record of the same cell and attempt wins).
+
+        Each record of an attempt carries ``seq``, counting the attempt's records from 1,
+        inside its seal: the newest record of a cell is the one with the highest, and on
+        a local store a line out of order, repeated or missing is refused.
+        """
+        seq = self._seq[attempt] = self._seq.get(attempt, 0) + 1
+        place = f"cells/{CellKey(index, attempt).name[:-5]}"
+        record = self._sign(place, {**record, "index": index, "attempt": attempt, "seq": seq})
         if self.local:
             # One line appended with one write(2) per record: a kill leaves whole lines
             # and at most one torn last line, which readers skip.
@@ -453,8 +601,10 @@ class RunStore:
             fd = self._fds.get(rel)
             if fd is None:
                 path = self.path(rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd = self._fds[rel] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                make_private_dirs(os.path.dirname(path))
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                fd = self._fds[rel] = os.open(path, flags, 0o600)
+                os.fchmod(fd, 0o600)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -494,6 +644,12 @@ class RunStore:
         for n in sorted(points, reverse=True):
             running_min = points[n] if running_min is None else min(running_min, points[n])
             bound[n] = running_min
+        # Attempts before the first record read (a sealed store reads from the last
+        # --restart on) are bounded the same way.
+        if bound:
+            first = min(bound)
+            for n in range(1, first):
+                bound[n] = bound[first]
         return bound
 
     def cell_records(self) -> dict[int, dict[str, Any]]:
@@ -505,14 +661,23 @@ class RunStore:
         finished executing but whose record was never committed (``status: executed``:
         the files they wrote, to give back before they run again)."""
         takeover = self._takeover_points()
+        restart = self.restart_point()
         best: dict[int, tuple[int, dict[str, Any]]] = {}
         names = self.names("cells")
+        known = set(self.attempt_numbers())
         for name in names:
-            m = _JSONL_RE.match(name)
+            m = _JSONL_RE.match(name) or _CELL_RE.match(name)
             if not m:
                 continue
-            attempt = int(m.group(1))
-            for rec in self._read_lines(f"cells/{name}"):
+            attempt = int(m.groups()[-1])
+            if self.seal is not None and attempt >= restart and attempt not in known:
+                raise self.seal.refuse(
+                    f"attempts/{attempt:04d}.json",
+                    f"is missing while cells/{name} was written by that attempt",
+                )
+            if attempt < restart or not _JSONL_RE.match(name):
+                continue
+            for rec in self._read_lines(f"cells/{name}", attempt):
                 index = int(rec["index"])
                 if self._counts(index, attempt, takeover) and (
                     index not in best or attempt >= best[index][0]
@@ -520,24 +685,56 @@ class RunStore:
                     best[index] = (attempt, rec)
         for index, key in self.valid_keys(names).items():
             if index not in best or key.attempt > best[index][0]:
-                rec = self.read_json(f"cells/{key.name}")
+                rel = f"cells/{key.name}"
+                rec = self.read_json(rel)
                 if rec is not None:
-                    best[index] = (key.attempt, rec)
+                    best[index] = (key.attempt, self._check_record(rel, rec, key))
         records: dict[int, dict[str, Any]] = {}
         notes: dict[int, dict[str, Any]] = {}
         for index, (_, rec) in best.items():
             (notes if rec.get("status") == "executed" else records)[index] = rec
         return records, notes
 
-    def _read_lines(self, rel: str) -> list[dict[str, Any]]:
+    def _read_lines(self, rel: str, attempt: int) -> list[dict[str, Any]]:
         data = self.read(rel) or b""
-        out = []
-        for line in data.split(b"\n"):
+        lines = data.split(b"\n")
+        out: list[dict[str, Any]] = []
+        for i, line in enumerate(lines):
             try:
-                out.append(json.loads(line))
+                rec = json.loads(line)
             except ValueError:
-                continue  # the torn last line of a killed writer, or the empty tail
+                if self.seal is not None and i < len(lines) - 1 and not self.seal.legacy:
+                    # only the last line can be torn (a killed writer); the empty tail
+                    # after the last newline is not a line
+                    raise self.seal.refuse(f"{rel}, line {i + 1},", "is not a record") from None
+                continue
+            if self.seal is not None and not self.seal.legacy:
+                index = rec.get("index") if isinstance(rec, dict) else None
+                if not isinstance(index, int):
+                    raise self.seal.refuse(f"{rel}, line {i + 1},", "is not a record")
+                rec = self._check_record(f"{rel}, line {i + 1}", rec, CellKey(index, attempt))
+                if rec.get("seq") != len(out) + 1:
+                    raise self.seal.refuse(
+                        f"{rel}, line {i + 1},",
+                        f"is record {rec.get('seq')} where record {len(out) + 1} belongs "
+                        "(a record was removed, repeated or moved)",
+                    )
+            out.append(rec)
         return out
+
+    def _check_record(self, where: str, rec: Any, key: CellKey) -> dict[str, Any]:
+        if self.seal is None:
+            return dict(rec)
+        place = f"cells/{key.name[:-5]}"
+        try:
+            checked = self.seal.check(place, rec)
+        except StoreIntegrityError:
+            raise self.seal.refuse(where, "failed its integrity check (HMAC)") from None
+        if not self.seal.legacy and (
+            checked.get("index") != key.index or checked.get("attempt") != key.attempt
+        ):
+            raise self.seal.refuse(where, "belongs to another cell or attempt")
+        return checked
 
     # -- snapshots ---------------------------------------------------------------
     def blob_path(self, digest: str) -> str:
@@ -546,16 +743,51 @@ class RunStore:
     def snapshot_keys(self) -> dict[int, CellKey]:
         return self.valid_keys(self.names("state/snap"))
 
+    def write_snapshot(self, key: CellKey, doc: dict[str, Any]) -> None:
+        rel = f"state/snap/{key.name}"
+        self.write_json(rel, self._sign(rel, doc))
+
+    def read_snapshot(self, key: CellKey) -> dict[str, Any] | None:
+        """A snapshot manifest, checked (seal, run, cell, attempt), or None if gone."""
+        rel = f"state/snap/{key.name}"
+        doc = self.read_json(rel)
+        if doc is None:
+            return None
+        checked: dict[str, Any] = self._check(rel, doc)
+        expected: dict[str, Any] = {"after": key.index, "attempt": key.attempt}
+        if self.seal is not None:
+            expected["run_id"] = self.seal.run_id
+            if any(checked.get(k) != v for k, v in expected.items()):
+                raise self.seal.refuse(rel, "belongs to another run, cell or attempt")
+        return checked
+
     # -- checkpoint directory (object stores) --------------------------------------
     def files_manifest(self) -> dict[str, Any] | None:
         """The newest checkpoint-directory manifest (highest attempt, then sequence)."""
         best: tuple[int, int] | None = None
+        restart = self.restart_point()
         for name in self.names("files"):
             m = _FILES_RE.match(name)
-            if m:
+            if m and int(m.group(1)) >= restart:
                 key = (int(m.group(1)), int(m.group(2)))
                 best = key if best is None or key > best else best
         if best is None:
             return None
-        doc = self.read_json(f"files/a{best[0]:04d}-{best[1]:06d}.json")
-        return doc if isinstance(doc, dict) else None
+        rel = f"files/a{best[0]:04d}-{best[1]:06d}.json"
+        doc = self._check(rel, self.read_json(rel))
+        if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
+            raise StoreIntegrityError(f"{self.url}/{rel} is not a checkpoint manifest")
+        if self.seal is not None and not self.seal.legacy and doc.get("attempt") != best[0]:
+            raise self.seal.refuse(rel, "belongs to another attempt")
+        # paths are data: each must stay inside the checkpoint directory
+        files = {}
+        for name, entry in doc["files"].items():
+            digest = entry.get("sha256") if isinstance(entry, dict) else None
+            if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+                raise StoreIntegrityError(f"{self.url}/{rel}: entry {name!r} names no blob")
+            files[safe_relpath(name, f"{self.url}/{rel}")] = entry
+        return {**doc, "files": files}
+
+    def write_files_manifest(self, attempt: int, seq: int, doc: dict[str, Any]) -> None:
+        rel = f"files/a{attempt:04d}-{seq:06d}.json"
+        self.write_json(rel, self._sign(rel, doc))

@@ -363,7 +363,7 @@ class Blobs:
         digest = hashlib.sha256(view).hexdigest()
         path = self.path(digest)
         if not os.path.exists(path):
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            _private_dirs(self.dir)
             tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -386,6 +386,24 @@ class Blobs:
         if hashlib.sha256(data).hexdigest() != digest:
             raise IntegrityError(f"blob {digest[:12]}… does not match its hash")
         return data
+
+
+def _private_dirs(path: str) -> None:
+    """Make ``path`` and its missing parents 0700 (``os.makedirs`` gives parents the
+    umask's mode)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(p, 0o700)
 
 
 class IntegrityError(Exception):

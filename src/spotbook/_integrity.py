@@ -1,0 +1,256 @@
+"""What vouches for a run store: the key (never kept in the store) and the seal.
+
+Whoever can write a run store's bucket must neither run code in the pod nor change a
+run's result without the resume refusing (docs/DESIGN.md, "Threat model"). So every
+object the runner trusts on resume carries an HMAC-SHA256 ``mac`` made with a key the
+store never holds, over the object's content *and its place*: the run id and the
+object's name (cell index and attempt, snapshot, manifest number). A valid object of
+another run, another cell or an older attempt therefore fails where it is copied to.
+
+Where the key comes from, first match wins:
+
+``SPOTBOOK_SNAPSHOT_KEY``
+    the key itself (any string; ``openssl rand -hex 32`` makes a good one);
+``SPOTBOOK_SNAPSHOT_KEY_FILE``
+    a file holding it: ``spotbook submit`` mounts its Kubernetes Secret there;
+the per-user key file
+    ``$SPOTBOOK_CONFIG_DIR/key``, else ``$XDG_CONFIG_HOME/spotbook/key``, else
+    ``~/.config/spotbook/key``: created 0600 on first use, refused when others can
+    read it.
+
+A run records the key's id (an HMAC of a fixed text, which says nothing of the key),
+so a resume with another key says so instead of calling every object tampered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import posixpath
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import StoreIntegrityError, UsageError
+
+log = logging.getLogger(__name__)
+
+KEY_ENV = "SPOTBOOK_SNAPSHOT_KEY"
+KEY_FILE_ENV = "SPOTBOOK_SNAPSHOT_KEY_FILE"
+CONFIG_ENV = "SPOTBOOK_CONFIG_DIR"
+SEAL_FORMAT = 1
+_DOMAIN = b"spotbook-seal-1\0"
+
+
+def config_dir() -> str:
+    explicit = os.environ.get(CONFIG_ENV)
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "spotbook")
+
+
+@dataclass(frozen=True)
+class Key:
+    secret: bytes
+    source: str  # where it came from, for messages (never the key itself)
+
+    @property
+    def id(self) -> str:
+        return hmac.new(self.secret, b"spotbook key id", hashlib.sha256).hexdigest()[:16]
+
+
+def load_key(create: bool = True) -> Key:
+    """The key this process signs and checks with (see the module's docstring)."""
+    value = os.environ.get(KEY_ENV, "").strip()
+    if value:
+        return Key(value.encode(), f"${KEY_ENV}")
+    path = os.environ.get(KEY_FILE_ENV)
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read().strip()
+        except OSError as exc:
+            raise UsageError(
+                f"${KEY_FILE_ENV} names {path!r}, which cannot be read ({exc.strerror}); "
+                "mount the run key's Secret there or unset the variable"
+            ) from exc
+        if not data:
+            raise UsageError(f"the key file {path!r} (${KEY_FILE_ENV}) is empty")
+        return Key(data, f"{path} (${KEY_FILE_ENV})")
+    return _user_key(os.path.join(config_dir(), "key"), create)
+
+
+def _user_key(path: str, create: bool) -> Key:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        if not create:
+            raise UsageError(
+                f"no spotbook key at {path}; set {KEY_ENV} or {KEY_FILE_ENV} to the key "
+                "the run was created with"
+            ) from None
+        return _create_user_key(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read the spotbook key {path} ({exc.strerror})") from exc
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise UsageError(
+                f"the spotbook key {path} can be read by other users (mode "
+                f"{stat.S_IMODE(mode):o}); make it private with `chmod 600 {path}`"
+            )
+        data = fh.read().strip()
+    if not data:
+        raise UsageError(f"the spotbook key {path} is empty; delete it to make a new one")
+    return Key(data, path)
+
+
+def _create_user_key(path: str) -> Key:
+    directory = os.path.dirname(path)
+    make_private_dirs(directory)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:  # another process made it first: use theirs
+        return _user_key(path, create=False)
+    with os.fdopen(fd, "wb") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(secrets.token_hex(32).encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+    log.info("created the spotbook key %s (keep it private; runs are checked with it)", path)
+    return _user_key(path, create=False)
+
+
+def make_private_dirs(path: str) -> None:
+    """``os.makedirs`` whose new directories are 0700 whatever the umask."""
+    path = os.path.abspath(path)
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(p, 0o700)
+
+
+def canonical(doc: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in doc.items() if k != "mac"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Seal:
+    """Signs and checks one run's objects, each bound to the run and its place."""
+
+    legacy = False
+
+    def __init__(self, key: Key, run_id: str, url: str) -> None:
+        self.key = key
+        self.run_id = run_id
+        self.url = url
+        self._prefix = _DOMAIN + run_id.encode() + b"\0"
+
+    def mac(self, place: str, doc: dict[str, Any]) -> str:
+        msg = self._prefix + place.encode() + b"\0" + canonical(doc)
+        return hmac.new(self.key.secret, msg, hashlib.sha256).hexdigest()
+
+    def sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return {**doc, "mac": self.mac(place, doc)}
+
+    def check(self, place: str, doc: Any) -> dict[str, Any]:
+        """``doc`` if its mac is right for this run and ``place``; else refuse."""
+        mac = doc.get("mac") if isinstance(doc, dict) else None
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, self.mac(place, doc)):
+            raise self.refuse(place, "failed its integrity check (HMAC)")
+        assert isinstance(doc, dict)
+        return doc
+
+    def refuse(self, place: str, why: str) -> StoreIntegrityError:
+        return StoreIntegrityError(
+            f"{self.url}/{place} {why}; it was not used. The run store was changed by "
+            "someone without this run's key, or an object was moved from another run, "
+            "cell or attempt. Inspect the store; to discard its progress and start over "
+            "run `spotbook run NOTEBOOK --run-dir ... --restart`"
+        )
+
+
+class LegacySeal(Seal):
+    """A store made by spotbook 0.x before the seal: its key is an object in the store.
+
+    Anyone who can write the store can also sign with that key, so nothing here is
+    authenticated; snapshot manifests are checked as that version did (accidents only).
+    """
+
+    legacy = True
+
+    def __init__(self, store_key: bytes, run_id: str, url: str) -> None:
+        super().__init__(Key(store_key, "the store's own key object"), run_id, url)
+
+    def _old_mac(self, doc: dict[str, Any]) -> str:
+        body = {k: v for k, v in doc.items() if k not in ("mac", "name")}
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return hmac.new(self.key.secret, canon, hashlib.sha256).hexdigest()
+
+    def sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
+        if place.startswith("state/snap/"):
+            return {**doc, "mac": self._old_mac(doc)}
+        return doc
+
+    def check(self, place: str, doc: Any) -> dict[str, Any]:
+        if not isinstance(doc, dict):
+            raise self.refuse(place, "is not a JSON object")
+        if place.startswith("state/snap/") and doc.get("mac") != self._old_mac(doc):
+            raise self.refuse(place, "failed its integrity check (HMAC)")
+        return doc
+
+
+# -- paths read from a store are data ------------------------------------------------
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def safe_relpath(rel: Any, what: str) -> str:
+    """``rel`` as a normalised relative path that stays inside its directory, or refuse.
+
+    Absolute paths, ``..``, drive letters, backslashes, empty and control characters
+    are refused: a path in a manifest names a file, it never chooses where one goes.
+    """
+    ok = isinstance(rel, str) and rel and "\\" not in rel and not _DRIVE.match(rel)
+    if ok:
+        ok = not any(ord(ch) < 32 for ch in rel) and not rel.startswith("/")
+    if ok:
+        parts = rel.split("/")
+        ok = all(p not in ("", ".", "..") for p in parts)
+    if not ok:
+        raise StoreIntegrityError(
+            f"{what} names the path {rel!r}, which is not a plain relative path inside its "
+            "directory; it was refused before anything was written"
+        )
+    assert isinstance(rel, str)
+    return posixpath.normpath(rel)
+
+
+def inside(base: str, rel: str) -> str:
+    """The local path of ``rel`` under ``base``; refuse one that leaves it (symlinks)."""
+    target = os.path.join(base, *rel.split("/"))
+    real_base = os.path.realpath(base)
+    real_parent = os.path.realpath(os.path.dirname(target))
+    if os.path.commonpath([real_base, real_parent]) != real_base or os.path.islink(target):
+        raise StoreIntegrityError(
+            f"{rel!r} would be written through a symbolic link that leaves {base}; refused"
+        )
+    return target
