@@ -4,7 +4,9 @@ the kubelet; the "pods" are real `spotbook worker` processes on a real run store
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import signal
 import subprocess
 import time
@@ -376,3 +378,56 @@ def test_unknown_namespace_and_missing_config(work: Path, kube: FakeKube) -> Non
     )
     assert r.returncode == 2 and "KUBECONFIG" in r.stderr
     assert not (work / "runs" / "none").exists()  # nothing written before the check
+
+
+def test_submit_keeps_secrets_in_secrets(work: Path, kube: FakeKube) -> None:
+    """The run key goes to the pod through a Secret that submit creates (then reuses);
+    --secret-env is a reference; --env with a secret-looking name warns; no secret value
+    is in the Job, its annotations, the run store or the notebook."""
+    rd = f"file://{work}/runs/sec"
+    r = cli(
+        *submit_args(rd),
+        "--secret-env",
+        "AWS_SECRET_ACCESS_KEY=aws-creds:secret-key",
+        "--env",
+        "HF_TOKEN=hf-plain-value",
+        cwd=work,
+        env=kube.env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "--env HF_TOKEN=... puts its value in the Job spec" in r.stderr
+    assert "hf-plain-value" not in r.stderr
+    (secret,) = kube.objects("secrets")
+    assert secret["metadata"]["name"] == "spotbook-run-key"
+    key = base64.b64decode(secret["data"]["key"])
+    from spotbook._integrity import load_key
+
+    assert key == load_key().secret  # made from this machine's key: it can resume here
+    (job,) = kube.objects("jobs")
+    text = json.dumps(job)
+    assert key.decode() not in text and "secretKeyRef" in text
+    assert key.decode() not in json.dumps(job["metadata"].get("annotations", {}))
+    for p in Path(work, "runs", "sec").rglob("*"):
+        if p.is_file():
+            assert key not in p.read_bytes(), p
+    # a second submit reuses the Secret, even when this machine's key differs
+    other = {**kube.env, "SPOTBOOK_SNAPSHOT_KEY": "another-machine"}
+    r = cli(*submit_args(f"file://{work}/runs/sec2"), cwd=work, env=other)
+    assert r.returncode == 0, r.stderr
+    assert len(kube.objects("secrets")) == 1
+    # ... and seals that run with the Secret's key, which the pod will have
+    env = {**os.environ, "SPOTBOOK_SNAPSHOT_KEY": key.decode()}
+    store = RunStore(f"file://{work}/runs/sec2")
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        store.unseal()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_worker_in_a_pod_without_the_run_key_says_how(work: Path) -> None:
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "SPOTBOOK_RUN_DIR": f"file://{work}/x"}
+    r = cli("worker", cwd=work, env=env)
+    assert r.returncode == 2 and "kubectl create secret generic" in r.stderr, r.stderr

@@ -21,6 +21,8 @@ from spotbook._job_manifest import (
     parse_duration,
     parse_env,
     parse_gpu,
+    parse_secret_env,
+    secret_looking,
 )
 
 from .conftest import cli
@@ -262,3 +264,48 @@ def test_submit_usage_errors_exit_2(work: Path, extra: list[str], message: str) 
     r = cli("submit", "params.ipynb", *extra, "--image", "img", "--dry-run", cwd=work)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_secrets_reach_the_pod_by_reference_only() -> None:
+    """--secret-env is a secretKeyRef, --env-from-secret an envFrom, and the run key a
+    mounted Secret: no secret value is in the Job, valid in every checked version."""
+    j = job(
+        secret_env=(("AWS_SECRET_ACCESS_KEY", "aws-creds", "secret-key"),),
+        env_from_secrets=("hf-token",),
+    )
+    for version in (CURRENT, PREVIOUS):
+        kv.validate(j, version, strict=True)
+    c = pod_spec(j)["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "aws-creds", "key": "secret-key"}
+    }
+    assert c["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    # the run key: a read-only mount of the Secret, and the runner told where
+    assert env["SPOTBOOK_SNAPSHOT_KEY_FILE"]["value"] == "/var/run/secrets/spotbook/key"
+    assert "SPOTBOOK_SNAPSHOT_KEY" not in env
+    (volume,) = pod_spec(j)["volumes"]
+    assert volume["secret"]["secretName"] == "spotbook-run-key"
+    assert c["volumeMounts"] == [
+        {"name": volume["name"], "mountPath": "/var/run/secrets/spotbook", "readOnly": True}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "items"),
+    [
+        ("--secret-env", ["NOEQUALS"]),
+        ("--secret-env", ["A=secret-without-key"]),
+        ("--secret-env", ["A=Bad_Name:key"]),
+        ("--secret-env", ["1A=s:k"]),
+        ("--secret-env", ["A=s:bad/key"]),
+    ],
+)
+def test_bad_secret_references_are_usage_errors(flag: str, items: list[str]) -> None:
+    with pytest.raises(UsageError, match="--secret-env"):
+        parse_secret_env(items)
+
+
+def test_secret_looking_env_names() -> None:
+    names = ["AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "DB_PASSWORD", "LR", "EPOCHS", "api_key"]
+    assert secret_looking(names) == ["AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "DB_PASSWORD", "api_key"]

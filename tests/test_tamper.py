@@ -579,7 +579,7 @@ def test_a_run_written_by_the_previous_format_is_refused_unless_trusted(tmp_path
     """A store from before the seal (key object inside) resumes only on request."""
     write_notebook(tmp_path / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
     r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
-    assert r.returncode == 4, r.stderr  # the second cell fails: a run to resume
+    assert r.returncode == 1, r.stderr  # the second cell fails: a run to resume
     store = RunStore(str(tmp_path / "rd"))
     run = store.read_json("run.json")
     del run["seal"]  # what the previous version wrote: no seal, a key object
@@ -600,7 +600,7 @@ def test_restart_discards_a_tampered_history(tmp_path: Path) -> None:
     """--restart starts over even where the old records no longer check."""
     write_notebook(tmp_path / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
     r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
-    assert r.returncode == 4
+    assert r.returncode == 1
     store = RunStore(str(tmp_path / "rd"))
     store.write("cells/a0001.jsonl", b'{"index": 0, "status": "completed"}\n')
     (tmp_path / "go").write_text("")

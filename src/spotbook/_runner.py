@@ -45,9 +45,9 @@ from ._errors import (
 )
 from ._executor import CellResult, KernelDied, KernelSession, kernel_env, python_transform
 from ._fidelity import FidelityReport
+from ._integrity import make_private_dirs
 from ._models import Clock, Outcome, RunSpec, RunStatus, SnapshotMode
 from ._resume import ResumePlan, plan_resume
-from ._integrity import make_private_dirs
 from ._store import CellKey, RunStore
 
 log = logging.getLogger(__name__)
