@@ -5,7 +5,11 @@ median wall time, ratios to raw nbclient and to papermill without saving, the to
 process's own peak RSS (not the kernel's), and for spotbook the bytes it wrote to its
 run store while running, over the final notebook's size.
 
-    .venv/bin/python bench/bench_local.py [--repeat N] [--quick]
+    .venv/bin/python bench/bench_local.py [--repeat N] [--quick] [--only CASE]
+        [--baseline REV]
+
+``--baseline REV`` adds "spotbook@REV": the ``src/`` of that commit, run the same way (to
+measure what a change costs, e.g. the run store's seal against the commit before it).
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import NBCLIENT_SCRIPT, median, timed, write_notebook
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CASES = {
     "1 cell": ["x = 1"],
@@ -57,6 +65,16 @@ def tools(nb: Path, out: Path, work: Path) -> dict[str, list[str]]:
     }
 
 
+def baseline_src(rev: str, work: Path) -> Path:
+    """The ``src/`` of commit ``rev``, to put first on PYTHONPATH (the kernel inherits it)."""
+    archive = work / "baseline.tar"
+    with archive.open("wb") as fh:
+        subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, stdout=fh, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(work / "baseline", filter="data")
+    return work / "baseline" / "src"
+
+
 def spotbook_bytes(store: Path) -> tuple[int, int]:
     """(bytes spotbook wrote for progress, final notebook size).
 
@@ -72,28 +90,35 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="skip the 1000-cell case")
+    ap.add_argument("--only", help="run only the case whose name starts with this")
+    ap.add_argument("--baseline", metavar="REV", help="also run spotbook at this commit")
     args = ap.parse_args()
     rows = []
     for case, sources in CASES.items():
-        if args.quick and "1000" in case:
+        if (args.quick and "1000" in case) or (args.only and not case.startswith(args.only)):
             continue
         work = Path(tempfile.mkdtemp(prefix="bench-"))
         nb = write_notebook(work / "in.ipynb", sources)
         # tools take turns within each repetition, so drifts in machine speed hit all alike
         runs = tools(nb, work / "out.ipynb", work)
+        envs: dict[str, dict[str, str]] = {}
+        if args.baseline:
+            name = f"spotbook@{args.baseline}"
+            runs[name] = runs["spotbook"]
+            envs[name] = {"PYTHONPATH": str(baseline_src(args.baseline, work))}
         walls: dict[str, list[float]] = {name: [] for name in runs}
         rsss: dict[str, list[int]] = {name: [] for name in runs}
-        progress = final = 0
+        written: dict[str, tuple[int, int]] = {}
         for _ in range(args.repeat):
             for name, argv in runs.items():
                 if walls[name] and walls[name][0] > 30:
                     continue  # papermill's default saving on 1000 cells: once is enough
                 shutil.rmtree(work / "store", ignore_errors=True)
-                wall, rss = timed(argv, cwd=work)
+                wall, rss = timed(argv, cwd=work, env=envs.get(name))
                 walls[name].append(wall)
                 rsss[name].append(rss)
-                if name == "spotbook":
-                    progress, final = spotbook_bytes(work / "store")
+                if name.startswith("spotbook"):
+                    written[name] = spotbook_bytes(work / "store")
         results = {name: (median(walls[name]), max(rsss[name])) for name in runs}
         base = results["nbclient"][0]
         nosave = results["papermill --no-save"][0]
@@ -106,7 +131,7 @@ def main() -> None:
                     wall / base,
                     wall / nosave,
                     rss / 1024,
-                    f"{progress / final:.2f}" if name == "spotbook" else "",
+                    f"{written[name][0] / written[name][1]:.2f}" if name in written else "",
                 )
             )
         shutil.rmtree(work, ignore_errors=True)

@@ -71,7 +71,8 @@ def test_parameters_flags_and_store(work: Path) -> None:
     line = next(ln for ln in r.stderr.splitlines() if ", store " in ln)
     run_dir = Path(line.split(", store ")[1])
     assert run_dir.parent == work / ".spotbook" / "runs"
-    for part in ("run.json", "input.ipynb", "output.ipynb", "key", "attempts/0001.json"):
+    assert not (run_dir / "key").exists()  # the run key is never in the store
+    for part in ("run.json", "input.ipynb", "output.ipynb", "attempts/0001.json"):
         assert (run_dir / part).exists(), part
     assert cells_committed(run_dir) == 5  # one record per executed cell
     assert load(run_dir / "output.ipynb")["cells"] == out["cells"]

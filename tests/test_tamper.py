@@ -204,6 +204,16 @@ def input_truncated(c: Copy) -> str:
     return "input.ipynb"
 
 
+def input_deleted(c: Copy) -> str:
+    c.delete("input.ipynb")
+    return "input.ipynb"
+
+
+def attempt_from_other_run(c: Copy) -> str:
+    c.write("attempts/0001.json", RunStore(c.t.b).read("attempts/0001.json") or b"")
+    return "attempts/0001.json"
+
+
 def spec_edited(c: Copy) -> str:
     run = c.json("run.json")
     run["spec"]["parameters"] = {"x": 1}
@@ -403,6 +413,7 @@ ATTACKS: dict[str, tuple[Callable[[Copy], str], tuple[str, ...], bool]] = {
     "evil blob in place": (evil_blob_in_place, ("local", "s3"), False),
     "input cell edited": (input_cell_edited, ("local", "s3"), True),
     "input truncated": (input_truncated, ("local", "s3"), True),
+    "input deleted": (input_deleted, ("local", "s3"), True),
     "spec edited": (spec_edited, ("local", "s3"), True),
     "seal removed, key object added": (seal_removed_key_added, ("local", "s3"), True),
     "run.json truncated": (run_json_truncated, ("local", "s3"), True),
@@ -423,6 +434,7 @@ ATTACKS: dict[str, tuple[Callable[[Copy], str], tuple[str, ...], bool]] = {
     "attempt deleted": (attempt_deleted, ("local", "s3"), True),
     "attempt forged": (attempt_forged, ("local", "s3"), True),
     "attempt truncated": (attempt_truncated, ("local", "s3"), True),
+    "attempt of another run": (attempt_from_other_run, ("local", "s3"), True),
     "checkpoint path escapes": (files_manifest_escapes, ("s3",), True),
     "checkpoint path escapes, signed": (files_manifest_escapes_signed, ("s3",), True),
     "checkpoint blob replaced": (files_blob_replaced, ("s3",), False),

@@ -589,6 +589,12 @@ def render(steps: list[Step], hint: str | None = None, checks: bool = False) -> 
     if hint:
         lines.append("# Then run notebooks on the Spot GPU pool:")
         lines.append(f"# {hint}")
+        lines.append(
+            "# (the first submit creates the Secret spotbook-run-key in the namespace from"
+            " this machine's run key and mounts it in every pod; your account needs"
+            " create/get on Secrets there. Credentials for the notebook: --secret-env"
+            " NAME=SECRET:KEY, not --env.)"
+        )
     return "\n".join(lines) + "\n"
 
 
