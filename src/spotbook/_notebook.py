@@ -62,6 +62,7 @@ def parse(text: str | bytes, where: str) -> Notebook:
             f"{where} is not a valid notebook: every cell needs a cell_type "
             "(code, markdown or raw) and a source; open and re-save it in Jupyter to repair it"
         )
+    _check_shapes(data, where)
     with warnings.catch_warnings():
         # nbformat warns (and normalises) on missing cell ids and the like.
         warnings.simplefilter("ignore")
@@ -72,6 +73,49 @@ def parse(text: str | bytes, where: str) -> Notebook:
             # nbclient and papermill run such notebooks; so do we, and say so.
             log.warning("%s has format problems (%s); running it anyway", where, exc.message)
     return nb
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, list) and all(isinstance(v, str) for v in value)
+    )
+
+
+def _check_shapes(data: dict[str, Any], where: str) -> None:
+    """Refuse, as bad input, the shapes that would break later: a source that is not text,
+    metadata or tags that are not a mapping or a list, a kernelspec that is a string."""
+    problems = []
+    metadata = data.get("metadata", {})
+    if not isinstance(metadata, dict):
+        problems.append(f"its metadata is {type(metadata).__name__}, not a mapping")
+    else:
+        for key in ("kernelspec", "language_info"):
+            value = metadata.get(key)
+            if value is not None and not isinstance(value, dict):
+                problems.append(f"metadata.{key} is {value!r}, not a mapping")
+    for i, cell in enumerate(data["cells"]):
+        if not _is_text(cell["source"]):
+            problems.append(f"cell {i}'s source is {type(cell['source']).__name__}, not text")
+        meta = cell.get("metadata", {})
+        if not isinstance(meta, dict):
+            problems.append(f"cell {i}'s metadata is {type(meta).__name__}, not a mapping")
+            continue
+        tags = meta.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            problems.append(f"cell {i}'s tags are {tags!r}, not a list of strings")
+        outputs = cell.get("outputs", [])
+        if cell["cell_type"] == "code" and not (
+            isinstance(outputs, list) and all(isinstance(o, dict) for o in outputs)
+        ):
+            problems.append(f"cell {i}'s outputs are not a list of outputs")
+    if problems:
+        shown = "; ".join(problems[:3]) + (
+            f" (and {len(problems) - 3} more)" if problems[3:] else ""
+        )
+        raise NotebookFormatError(
+            f"{where} is not a valid notebook: {shown}; fix it in Jupyter or a text editor "
+            "and save it again"
+        )
 
 
 def kernel_name(nb: Notebook, override: str | None) -> str:
