@@ -48,7 +48,22 @@ def _load_yaml_mapping(text: str, where: str) -> dict[str, Any]:
             f"{where} must be a YAML mapping of parameter names to values, "
             f"not a {type(data).__name__}"
         )
-    return {str(k): v for k, v in data.items()}
+    return {str(k): _plain(v) for k, v in data.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A YAML value as JSON can hold it: dates, datetimes, binary and sets become their
+    string form, which is what papermill writes into the notebook for them."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {
+            k if isinstance(k, str | int | float | bool) or k is None else str(k): _plain(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)
 
 
 def collect_parameters(
