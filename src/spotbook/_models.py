@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -103,14 +104,24 @@ class Limits:
     checkpoint_interval: float = 60.0  # object stores: sync checkpoint_dir() this often
 
     def __post_init__(self) -> None:
-        for name in ("execution_timeout", "run_timeout"):
+        for name, flag in (
+            ("execution_timeout", "--execution-timeout"),
+            ("run_timeout", "--timeout"),
+        ):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"{name.replace('_', '-')} must be a positive number of seconds")
-        if self.start_timeout <= 0:
-            raise UsageError("--start-timeout must be a positive number of seconds")
-        if self.grace < 0:
-            raise UsageError("--grace must be zero or more seconds")
+            if value is not None and not (0 < value < math.inf):
+                raise UsageError(
+                    f"{flag} must be a positive, finite number of seconds, not {value!r} "
+                    "(leave it out for no limit)"
+                )
+        for flag, value in (
+            ("--start-timeout", self.start_timeout),
+            ("--checkpoint-interval", self.checkpoint_interval),
+        ):
+            if not (0 < value < math.inf):
+                raise UsageError(f"{flag} must be a positive, finite number of seconds")
+        if not (0 <= self.grace < math.inf):
+            raise UsageError("--grace must be a finite number of seconds, zero or more")
         if self.max_preemptions is not None and self.max_preemptions < 0:
             raise UsageError("--max-preemptions must be zero or more")
         if self.max_output_bytes <= 0:
