@@ -29,9 +29,24 @@ Only the CLI maps these to exit codes (``_cli.EXIT_CODES``); the library raises.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SpotbookError(Exception):
     """Root of every spotbook error. ``str()`` is a message for the user."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take keyword-only arguments, which pickle's default (``cls(*args)``)
+        # cannot pass: rebuild from the message and the attributes instead, so the errors
+        # cross process boundaries (multiprocessing pools of execute_notebook).
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[SpotbookError], args: tuple[Any, ...], attrs: dict[str, Any]) -> Any:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(attrs)
+    return err
 
 
 class UsageError(SpotbookError):
