@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import secrets
@@ -16,6 +17,7 @@ from typing import Any
 
 from . import _notebook as nbs
 from ._errors import InputChangedError, UsageError
+from ._executor import check_kernel
 from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
 from ._runner import Runner, RunnerOptions, RunResult
@@ -46,10 +48,14 @@ def prepare_run(
     restart: bool = False,
     strict_resume: bool = False,
     key: Key | None = None,
+    here: bool = True,
 ) -> RunStore:
     """Freeze the parameterised notebook into a run store (or reopen a matching one).
 
     The run is sealed with ``key`` (default: this machine's, see ``_integrity``).
+    ``here``: the run will execute on this machine, so its kernel must be installed here
+    (``submit`` passes False: the kernel is in the image). Bad input of every kind is
+    refused before anything is written.
     """
     params = dict(parameters or {})
     source = _abs(input_path) or input_path
@@ -59,6 +65,8 @@ def prepare_run(
         check_writable(output_path)
     if cwd is not None and not os.path.isdir(cwd):
         raise UsageError(f"--cwd {cwd!r} is not a directory")
+    if here:
+        check_kernel(nbs.kernel_name(nb, kernel_name))
     run_id = new_run_id()
     url = _abs(run_dir) if run_dir else resolve_run(run_id)
     assert url is not None
@@ -110,9 +118,12 @@ def prepare_run(
     if existing is not None:
         old_id = existing["spec"]["run_id"]
         spec = RunSpec(**{**vars(spec), "run_id": old_id})
+    # everything that can fail on bad input (the key, the spec's JSON) before any write;
+    # run.json, written last, is what makes the run exist
     frozen = nbs.dumps(nb).encode()
-    store.write("input.ipynb", frozen)
     seal = store.seal_run(key or load_key(), spec.to_json(), frozen)
+    json.dumps(spec.to_json())
+    store.write("input.ipynb", frozen)
     store.write_json(
         "run.json",
         {

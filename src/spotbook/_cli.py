@@ -461,7 +461,7 @@ def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _prepare(args: argparse.Namespace, key: Any = None) -> RunStore:
+def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> RunStore:
     """Freeze the parameterised notebook into its run store (run and submit)."""
     return prepare_run(
         args.input,
@@ -475,6 +475,7 @@ def _prepare(args: argparse.Namespace, key: Any = None) -> RunStore:
         restart=args.restart,
         strict_resume=args.strict_resume,
         key=key,
+        here=here,
     )
 
 
@@ -634,7 +635,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     JobOptions(run_id="check", namespace=cluster.namespace, **job_kwargs)  # validate early
     # The pod checks the store with the key in the Secret: seal the run with that key.
     key = cluster.run_key(job_kwargs["key_secret"], load_key())
-    store = _prepare(args, key)
+    store = _prepare(args, key, here=False)
     run_id = store.require_run()["spec"]["run_id"]
     manifest = build_job(JobOptions(run_id=run_id, namespace=cluster.namespace, **job_kwargs))
     name = manifest["metadata"]["name"]

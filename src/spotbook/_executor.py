@@ -166,11 +166,7 @@ class KernelSession:
 
     async def start(self) -> None:
         client = self._client
-        try:
-            KernelSpecManager().get_kernel_spec(self._kernel_name)
-        except NoSuchKernel as exc:
-            available = list(KernelSpecManager().find_kernel_specs())
-            raise KernelNotFoundError(self._kernel_name, available) from exc
+        check_kernel(self._kernel_name)
         try:
             client.km = client.create_kernel_manager()
             # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel.
@@ -230,10 +226,14 @@ class KernelSession:
         content = self._last_reply.get("content", {})
         error = None
         if content.get("status") == "error":
-            error = {
-                "ename": str(content.get("ename", "Error")),
-                "evalue": str(content.get("evalue", "")),
-            }
+            ename, evalue = content.get("ename"), content.get("evalue")
+            if ename in (None, "NoneType"):
+                # An error raised while IPython displayed the result (a broken __repr__)
+                # leaves the reply without a name; the cell's error output has it.
+                shown = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+                if shown:
+                    ename, evalue = shown[-1].get("ename"), shown[-1].get("evalue")
+            error = {"ename": str(ename or "Error"), "evalue": str(evalue or "")}
         return CellResult(
             outputs=list(cell.get("outputs", [])),
             execution_count=cell.get("execution_count"),
@@ -355,6 +355,15 @@ class KernelSession:
             log.debug("kernel cleanup failed: %s", exc)
         if self._ipc_dir:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+
+def check_kernel(name: str) -> None:
+    """Raise KernelNotFoundError (exit 2) unless a kernelspec ``name`` is installed."""
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel as exc:
+        available = list(KernelSpecManager().find_kernel_specs())
+        raise KernelNotFoundError(name, available) from exc
 
 
 # The run key vouches for the store; the notebook has no use for it, and its

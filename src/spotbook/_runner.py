@@ -43,7 +43,14 @@ from ._errors import (
     Terminated,
     UsageError,
 )
-from ._executor import CellResult, KernelDied, KernelSession, kernel_env, python_transform
+from ._executor import (
+    CellResult,
+    KernelDied,
+    KernelSession,
+    check_kernel,
+    kernel_env,
+    python_transform,
+)
 from ._fidelity import FidelityReport
 from ._integrity import make_private_dirs
 from ._models import Clock, Outcome, RunSpec, RunStatus, SnapshotMode
@@ -243,6 +250,7 @@ class Runner:
                 f"cells/ (cell {start})",
                 f"has no record while later cells {later[:5]} have one: a record was removed",
             )
+        check_kernel(self.spec.kernel_name)  # not an attempt: bad input (exit 2)
         self._snapshot_doc = self._usable_snapshot(start)
         self._files_manifest = None if self.store.local else self.store.files_manifest()
 
@@ -276,6 +284,9 @@ class Runner:
             self.attempt_rec["gpus"] = gpus
         self.attempt = self.store.claim_attempt(self.attempt_rec)
         self.attempt_rec["attempt"] = self.attempt
+        removed = self.store.remove_partials()  # what a killed writer left half-made
+        if removed:
+            log.info("removed %d partial files a killed attempt left in the store", removed)
         self._set_status(RunStatus.RUNNING)
         log.info(
             "run %s attempt %d starting at cell %d (%s)",
