@@ -243,6 +243,19 @@ def _private_file(path: str) -> Any:
     return os.fdopen(fd, "wb")
 
 
+def _writer_alive(name: str) -> bool:
+    """Whether the process that names a temporary (``X.tmp-PID-...``) still runs here (a
+    runner that lost the fence may still be finishing a write: leave it its file)."""
+    try:
+        pid = int(name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class CellKey:
     index: int
@@ -285,16 +298,28 @@ class RunStore:
             yield
         except (FileExistsError, FileNotFoundError):
             raise
-        except PermissionError as exc:
-            raise StorageError(
-                f"run store {self.url}: cannot {what}: permission denied ({exc}); check the "
-                "credentials in this environment (workload identity, AWS_*/GOOGLE_* variables "
-                "or credential files) can read and write that location"
+        except (PermissionError, NotADirectoryError, IsADirectoryError) as exc:
+            if not self.local and isinstance(exc, PermissionError):
+                raise self._denied(what, exc) from exc
+            if not self.local:
+                raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
+            # a local path that cannot be a run store: retrying cannot help (exit 2)
+            raise UsageError(
+                f"run store {self.url}: cannot {what}: {exc.strerror or exc} "
+                f"({exc.filename or self.root}); give --run-dir a directory this user can "
+                "write (or a new path)"
             ) from exc
         except Exception as exc:
             if isinstance(exc, OSError) or _transient(exc):
                 raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
             raise
+
+    def _denied(self, what: str, exc: BaseException) -> StorageError:
+        return StorageError(
+            f"run store {self.url}: cannot {what}: permission denied ({exc}); check the "
+            "credentials in this environment (workload identity, AWS_*/GOOGLE_* variables "
+            "or credential files) can read and write that location"
+        )
 
     def _do(self, op: Callable[[], T], what: str) -> T:
         """One storage operation: retried on object stores, errors made StorageError."""
@@ -522,6 +547,24 @@ class RunStore:
                         f"{self.url}/{rel}/{entry.name} is a symbolic link; a run store holds "
                         "plain files only, so it was not used"
                     )
+
+    def remove_partials(self) -> int:
+        """Local stores: delete the half-written temporaries (``*.tmp-*``) a killed writer
+        left; called by a new attempt once it holds the fence. Returns how many."""
+        if not self.local:
+            return 0  # object stores write whole objects: nothing is left half-made
+        removed = 0
+        for rel in ("", "cells", "attempts", "state/blobs", "state/snap", "outputs"):
+            try:
+                names = os.listdir(self.path(rel) if rel else self.root)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                if ".tmp-" in name and not _writer_alive(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.path(rel) if rel else self.root, name))
+                        removed += 1
+        return removed
 
     def _sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
         return doc if self.seal is None else self.seal.sign(place, doc)
