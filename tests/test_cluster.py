@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +251,12 @@ def test_logs_follow_streams_until_the_pod_ends(work: Path, kube: FakeKube) -> N
     kube.put("pods", pod("p1", run_id, "Running", node="n1"))
     follower = start_cli("logs", rd, "-f", cwd=work, env=kube.env)
     kube.log("default", "p1", "one")
-    time.sleep(0.5)
+    # "two" is logged once the follower is following (its request reached the server)
+    wait_for(
+        lambda: any("/pods/p1/log" in q and "follow=true" in q for q in kube.state()["requests"]),
+        timeout=60,
+        what="the follow request",
+    )
     kube.log("default", "p1", "two")
     kube.put("pods", pod("p1", run_id, "Succeeded", node="n1", containerStatuses=terminated(0)))
     out, err = follower.communicate(timeout=30)

@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Place, cli, comparable, kill, load, marker_runs, on, start_cli, wait_for
+from .conftest import (
+    Place,
+    cli,
+    comparable,
+    kill,
+    load,
+    marker_runs,
+    on,
+    start_cli,
+    wait_for,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
@@ -167,16 +178,25 @@ def test_sigterm_saves_and_exits_75_then_resumes(work: Path, place: Place, refer
 
 @on("local", "s3")
 def test_sigterm_lets_a_short_cell_finish_within_grace(work: Path, place: Place) -> None:
-    proc = _start(work, place, "--grace", "5")
-    # the snapshot after the 1 s cell 3 is the last thing before the 1.5 s cell 4 starts
-    wait_for(
-        lambda: place.store().exists("state/snap/00003-a0001.json"), timeout=120, what="snapshot"
+    # events, not timing: the test signals once the cell has started, and the cell ends
+    # once the notice has reached it (its file exists), well inside the grace
+    write_notebook(
+        work / "grace.ipynb",
+        "x = 1",
+        "import os, time\nopen('started', 'w').close()\n"
+        "while not os.path.exists(os.environ['SPOTBOOK_NOTICE_FILE']):\n"
+        "    time.sleep(0.01)\nx = 2",
+        "print(x)",
     )
-    time.sleep(0.3)  # well inside cell 4's 1.5 s sleep
+    proc = start_cli(
+        "run", "grace.ipynb", "out.ipynb", "--run-dir", place.rd, "--grace", "60",
+        cwd=work, env=place.env,
+    )  # fmt: skip
+    wait_for(lambda: (work / "started").exists(), timeout=120, what="the cell to start")
     code, err = kill(proc, signal.SIGTERM)
     assert code == 75, err
-    # the 1.5 s cell that was running finished inside the 5 s grace and was committed
-    assert place.committed() == 5
+    # the cell that was running finished inside the grace and was committed
+    assert place.committed() == 2
     notice = _status(work, place)["attempts"][0]["notice"]
     assert notice["signal"] == "SIGTERM" and notice["cell"] == "finished"
 
