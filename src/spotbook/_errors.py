@@ -117,13 +117,23 @@ class CellExecutionError(CellError):
 class KernelDiedError(CellError):
     """The kernel process exited while a cell ran (os._exit, a crash, out of memory)."""
 
-    def __init__(self, *, cell_index: int, execution_count: int | None) -> None:
-        super().__init__(
-            f"the kernel died while running cell {cell_index}: the cell called os._exit, "
-            "crashed the interpreter, or ran out of memory; fix the cell and run again",
-            cell_index=cell_index,
-            execution_count=execution_count,
-        )
+    def __init__(
+        self, *, cell_index: int, execution_count: int | None, during: str | None = None
+    ) -> None:
+        self.during = during
+        if during is None:
+            message = (
+                f"the kernel died while running cell {cell_index}: the cell called "
+                "os._exit, crashed the interpreter, or ran out of memory; fix the cell and "
+                "run again"
+            )
+        else:
+            message = (
+                f"the kernel died {during}: most likely it ran out of memory (the state is "
+                "pickled in the kernel's own process); progress up to that point is saved. "
+                "Give the run more memory, or --snapshot off to resume by replaying cells"
+            )
+        super().__init__(message, cell_index=cell_index, execution_count=execution_count)
 
 
 class StorageError(SpotbookError):

@@ -22,7 +22,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -370,7 +370,8 @@ class Runner:
                 )
             plan = None
             if self.records:
-                plan, start = await self._restore(start)
+                async with self._kernel_may_die(start, "while restoring the state before cell"):
+                    plan, start = await self._restore(start)
             if plan is None and self.attempt > 1:
                 # a later attempt with nothing to restore: it is back on new cells now
                 self.attempt_rec["resumed_at"] = self.opts.clock()
@@ -544,7 +545,8 @@ class Runner:
             if not nbs.executable(cell):
                 continue
             if self._notice.event.is_set():
-                await self._last_snapshot(index - 1)
+                async with self._kernel_may_die(index - 1, "while taking the snapshot after cell"):
+                    await self._last_snapshot(index - 1)
                 raise Terminated(self._notice.signame, self._resume_hint())
             t0 = self.opts.clock()
             m0 = time.monotonic()
@@ -556,6 +558,13 @@ class Runner:
                     cell_timeout=limits.execution_timeout,
                 )
             except KernelDied:
+                if self._notice.event.is_set():
+                    # The node is going away: the runtime may kill the whole process
+                    # group when the grace runs out. A preemption, not the cell's fault:
+                    # nothing is recorded for the cell, which runs again on resume.
+                    log.info("the kernel died after the notice, during cell %d", index)
+                    self._notice.cell = "interrupted"
+                    raise Terminated(self._notice.signame, self._resume_hint()) from None
                 self._commit_failure(index, t0, "KernelDied", "the kernel process died")
                 raise KernelDiedError(cell_index=index, execution_count=None) from None
             except CellTimeoutError:
@@ -598,7 +607,8 @@ class Runner:
                 # commit never makes a resume run it again. (Never after the last cell:
                 # there is nothing left to resume.)
                 try:
-                    await self._snapshot(index)
+                    async with self._kernel_may_die(index, "while taking the snapshot after cell"):
+                        await self._snapshot(index)
                 except Terminated:
                     self._commit(index, record)
                     raise
@@ -618,6 +628,21 @@ class Runner:
                 log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
                 return
             self._refresh(running=index + 1)
+
+    @contextlib.asynccontextmanager
+    async def _kernel_may_die(self, index: int, during: str) -> AsyncIterator[None]:
+        """The kernel dying outside a cell: a preemption after the notice (exit 75),
+        else KernelDiedError saying when (exit 1), never an internal error."""
+        try:
+            yield
+        except KernelDied:
+            assert self._notice is not None
+            if self._notice.event.is_set():
+                log.info("the kernel died after the notice, %s %d", during, index)
+                raise Terminated(self._notice.signame, self._resume_hint()) from None
+            raise KernelDiedError(
+                cell_index=max(index, 0), execution_count=None, during=f"{during} {index}"
+            ) from None
 
     def _record(
         self, index: int, result: CellResult, t0: float, duration: float, status: str

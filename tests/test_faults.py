@@ -1,0 +1,91 @@
+"""Faults outside the notebook's control, on real kernels: the kernel dying after the
+termination notice, while a snapshot is taken and while the state is restored. Each ends
+with its documented exit code and a message that says what died and when."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from .conftest import cli, kill, start_cli, wait_for, write_notebook
+
+KILLED_AFTER_NOTICE = (
+    "import os, signal, time\n"
+    "if not os.path.exists('go'):  # the first time: die once the notice has come\n"
+    "    open('started', 'w').close()\n"
+    "    while not os.path.exists(os.environ['SPOTBOOK_NOTICE_FILE']):\n"
+    "        time.sleep(0.01)\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)"
+)
+
+
+def _status(tmp: Path) -> dict:
+    r = cli("status", "rd", "--json", cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    doc: dict = json.loads(r.stdout)
+    return doc
+
+
+def test_kernel_dying_after_the_notice_is_a_preemption(tmp_path: Path) -> None:
+    """The runtime may kill the process group when the grace runs out: exit 75, not 1."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "x = 1",
+        KILLED_AFTER_NOTICE,
+        "print(x)",
+    )
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--grace", "60", cwd=tmp_path
+    )
+    wait_for(lambda: (tmp_path / "started").exists(), timeout=120, what="the cell to start")
+    code, err = kill(proc, signal.SIGTERM)
+    assert code == 75, err
+    assert "Traceback" not in err and "kernel died while running" not in err
+    doc = _status(tmp_path)
+    assert doc["status"] == "interrupted"
+    assert doc["attempts"][0]["outcome"] == "preempted"
+    (tmp_path / "go").write_text("")
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert _status(tmp_path)["status"] == "succeeded"
+
+
+def test_kernel_dying_in_a_snapshot_says_so(tmp_path: Path) -> None:
+    """Pickling the state kills the kernel (as running out of memory would): exit 1,
+    named, never an internal error."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "import os\nclass Boom:\n    def __reduce__(self):\n        os._exit(9)\nb = Boom()",
+        "y = 2",
+        "print(y)",
+    )
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "the kernel died while taking the snapshot after cell 0" in r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    assert _status(tmp_path)["status"] == "failed"
+
+
+def test_kernel_dying_in_a_restore_says_so(tmp_path: Path) -> None:
+    """Unpickling the state kills the kernel: exit 1, named; the store is kept."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "import os\nclass Bomb:\n    def __reduce__(self):\n        return (os._exit, (9,))\n"
+        "b = Bomb()",
+        "y = 2",
+        "assert os.path.exists('go')",
+    )
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 1 and "AssertionError" in r.stderr, r.stderr
+    (tmp_path / "go").write_text("")
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "the kernel died while restoring the state before cell 2" in r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
