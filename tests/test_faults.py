@@ -89,3 +89,27 @@ def test_kernel_dying_in_a_restore_says_so(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stderr
     assert "the kernel died while restoring the state before cell 2" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_restart_discards_the_old_runs_files_and_attempts(tmp_path: Path) -> None:
+    """--restart starts over: the old checkpoint files are gone, the old attempts are not
+    counted as preemptions nor against the budget, and status shows the new run only."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "import os, pathlib\nck = pathlib.Path(os.environ['SPOTBOOK_CHECKPOINT_DIR'], 'ck')\n"
+        "print('found' if ck.exists() else 'fresh')\nck.write_text('old')",
+        "assert os.path.exists('go')",
+    )
+    r = cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    (tmp_path / "go").write_text("")
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--restart",
+        "--max-preemptions", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    assert "fresh" in json.dumps(out["cells"][0]["outputs"])
+    doc = _status(tmp_path)
+    assert doc["status"] == "succeeded" and doc["preemptions"] == 0
+    assert [a["outcome"] for a in doc["attempts"]] == ["completed"]

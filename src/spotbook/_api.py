@@ -135,6 +135,9 @@ def prepare_run(
     )
     if restart:
         store.claim_attempt({"outcome": "restart", "resumed_from": 0, "restart": True})
+        # the old run's records, snapshots and attempts no longer count (the claim above
+        # bounds them); its checkpoint files must not be found by the new run either
+        store.discard_checkpoint_files()
     return store
 
 

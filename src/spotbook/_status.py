@@ -34,7 +34,9 @@ def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Attempts with 'running' resolved: a later attempt or a dead local pid means killed."""
     out = []
     here = socket.gethostname()
-    real = [a for a in attempts if a.get("outcome") != "restart"]
+    # what came before the last --restart belongs to a discarded run
+    cut = max((i for i, a in enumerate(attempts) if a.get("restart")), default=-1)
+    real = [a for a in attempts[cut + 1 :] if a.get("outcome") != "restart"]
     for i, rec in enumerate(real):
         rec = dict(rec)
         if rec.get("outcome") == Outcome.RUNNING.value:

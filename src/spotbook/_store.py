@@ -40,6 +40,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -547,6 +548,14 @@ class RunStore:
                         f"{self.url}/{rel}/{entry.name} is a symbolic link; a run store holds "
                         "plain files only, so it was not used"
                     )
+
+    def discard_checkpoint_files(self) -> None:
+        """After --restart: a local store's checkpoint directory starts empty (object
+        stores' manifests from before the restart are ignored by ``files_manifest``)."""
+        if self.local:
+            path = self.path("files")
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
 
     def remove_partials(self) -> int:
         """Local stores: delete the half-written temporaries (``*.tmp-*``) a killed writer
