@@ -5,6 +5,7 @@ with its documented exit code and a message that says what died and when."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -113,3 +114,16 @@ def test_restart_discards_the_old_runs_files_and_attempts(tmp_path: Path) -> Non
     doc = _status(tmp_path)
     assert doc["status"] == "succeeded" and doc["preemptions"] == 0
     assert [a["outcome"] for a in doc["attempts"]] == ["completed"]
+
+
+def test_a_notebook_with_nothing_to_run_succeeds(tmp_path: Path) -> None:
+    import nbformat
+
+    for name, cells in (("empty", []), ("prose", [nbformat.v4.new_markdown_cell("# notes")])):
+        nb = nbformat.v4.new_notebook(cells=cells)
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "P", "language": "python"}
+        nbformat.write(nb, tmp_path / f"{name}.ipynb")
+        r = cli("run", f"{name}.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert _status(tmp_path)["status"] == "succeeded", name
+        shutil.rmtree(tmp_path / "rd")

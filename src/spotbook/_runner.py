@@ -775,6 +775,10 @@ class Runner:
         log.info("run %s has already finished; writing its output again", self.spec.run_id)
         self.attempt = int(self._run.get("attempt", 0))
         self._refresh(force=True, final=True)
+        if self._run.get("status") != RunStatus.SUCCEEDED.value:
+            # every cell is done (or there are none): whatever run.json said (pending,
+            # or running when a killed attempt committed the last cell), it succeeded
+            self._set_status(RunStatus.SUCCEEDED)
         return self._result()
 
     # -- the kernel -------------------------------------------------------------------
