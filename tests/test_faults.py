@@ -127,3 +127,52 @@ def test_a_notebook_with_nothing_to_run_succeeds(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         assert _status(tmp_path)["status"] == "succeeded", name
         shutil.rmtree(tmp_path / "rd")
+
+
+def test_a_snapshot_that_cannot_be_written_stops_with_progress_kept(tmp_path: Path) -> None:
+    """The kernel cannot write the snapshot (its file-size limit stands for a full disk):
+    retried once, then exit 3 with what failed; a resume goes on from the last cell."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "x = 1",
+        "import os, resource\n"
+        "if os.path.exists('full'):  # the disk is full while this file exists\n"
+        "    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))\n"
+        "big = bytes(4 << 20)",
+        "print(x, len(big))",
+    )
+    (tmp_path / "full").write_text("")
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    assert "the snapshot after cell 1 could not be written" in r.stderr
+    assert "progress up to cell 0 is saved" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "full").unlink()  # space was freed
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    assert "1 4194304" in json.dumps(out["cells"][2]["outputs"])
+
+
+def test_state_that_cannot_be_pickled_turns_snapshots_off_visibly(tmp_path: Path) -> None:
+    """Not a storage fault: the run goes on, and status says snapshots are off and why."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "import spotbook.kernel.session as s\n"
+        "def broken(*a, **k):\n    raise ValueError('cannot snapshot')\n"
+        "s.snapshot = broken",
+        "y = 2",
+        "print(y)",
+    )
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "snapshots are off" in r.stderr
+    off = _status(tmp_path)["attempts"][0]["snapshots_off"]
+    assert "cannot snapshot" in off
+    text = cli("status", "rd", cwd=tmp_path).stdout
+    assert "snapshots off:" in text

@@ -890,6 +890,8 @@ def _attempt_details(a: dict[str, Any]) -> list[str]:
             f"{notice.get('signal')}: {what}; ended {notice.get('seconds_to_stop', 0):.2f} s "
             "after the notice"
         )
+    if a.get("snapshots_off"):
+        out.append(f"snapshots off: {a['snapshots_off']}; a resume replays instead")
     if a.get("checkpoint_uploaded_bytes") or a.get("checkpoint_restored_bytes"):
         out.append(
             f"checkpoint files: {a.get('checkpoint_restored_bytes', 0)} bytes restored, "

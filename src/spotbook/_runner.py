@@ -821,16 +821,34 @@ class Runner:
         assert self.session is not None
         m0 = time.monotonic()
         expr = f"{_KERNEL_MODULE}.snapshot({self._blob_dir()!r})"
-        try:
-            raw = await self._race(self.session.evaluate(expr), grace=self._grace, index=index)
-        except RuntimeError as exc:
-            self._snap_enabled = False
-            log.warning(
-                "kernel-state snapshots are off for this run: the snapshot failed in the "
-                "kernel (%s); a resume will replay the finished cells instead",
-                exc,
-            )
-            return
+        raw = None
+        for attempt in range(2):  # a storage hiccup may pass; a second failure is kept
+            try:
+                raw = await self._race(self.session.evaluate(expr), grace=self._grace, index=index)
+                break
+            except RuntimeError as exc:
+                if _storage_failure(exc) and attempt == 0:
+                    log.warning("the snapshot after cell %d failed (%s); retrying", index, exc)
+                    continue
+                if _storage_failure(exc):
+                    # the disk is full or the store is gone: saying so and stopping keeps
+                    # every committed cell; going on would silently lose the safety net
+                    raise StorageError(
+                        f"the snapshot after cell {index} could not be written ({exc}); "
+                        f"progress up to cell {index - 1} is saved. Free space in (or "
+                        "restore access to) the run store, then `spotbook resume "
+                        f"{self.store.url}`"
+                    ) from None
+                self._snap_enabled = False
+                reason = f"the snapshot after cell {index} failed in the kernel ({exc})"
+                self.attempt_rec["snapshots_off"] = reason
+                log.warning(
+                    "kernel-state snapshots are off for this run: %s; a resume will replay "
+                    "the finished cells instead",
+                    reason,
+                )
+                return
+        assert raw is not None
         manifest = json.loads(raw)
         if not self.store.local:
             await self._race(
@@ -1213,6 +1231,16 @@ def _complete_kernelspec(nb: Any, name: str, language_info: dict[str, Any]) -> N
     if language_info.get("name"):
         spec.setdefault("language", language_info["name"])
     nb.metadata["kernelspec"] = spec
+
+
+def _storage_failure(exc: RuntimeError) -> bool:
+    """Whether the kernel's snapshot failed on I/O (an OSError: disk full, file too big,
+    permissions), as opposed to state it could not pickle."""
+    import builtins
+
+    ename = str(exc).split(":", 1)[0].strip()
+    cls = getattr(builtins, ename, None)
+    return isinstance(cls, type) and issubclass(cls, OSError)
 
 
 def _cap_outputs(outputs: list[Any], limit: int, where: str) -> tuple[list[Any], str | None]:

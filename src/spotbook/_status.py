@@ -116,6 +116,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, A
                     "fidelity",
                     "fallback",
                     "files_given_back",
+                    "snapshots_off",
                     "error",
                 )
                 if a.get(k) is not None
