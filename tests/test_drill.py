@@ -179,3 +179,33 @@ def test_cluster_drill_maintenance_prints_the_gcloud_command(work: Path, kube: F
     )
     r = cli("drill", rd, cwd=work, env=kube.env)
     assert r.returncode == 2 and "no running pod to disrupt (p1 succeeded)" in r.stderr
+
+
+def test_drill_never_signals_a_process_that_reused_the_runners_pid(work: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from spotbook._environment import process_started
+
+    assert cli("run", "sleepy.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
+    stranger = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        store = RunStore(str(work / "rd"))
+        rec = store.read_json("attempts/0001.json")
+        started = process_started(stranger.pid)
+        assert started is not None
+        # the runner "was" this pid, but started long before the process that has it now
+        rec.update(
+            outcome="running", host=socket.gethostname(), pid=stranger.pid,
+            process_started=started - 3600,
+        )  # fmt: skip
+        store.write_json("attempts/0001.json", rec)
+        r = cli("drill", "rd", cwd=work)
+        assert r.returncode == 2 and "now belongs to another process" in r.stderr, r.stderr
+        assert stranger.poll() is None  # not signalled
+    finally:
+        stranger.kill()
+        stranger.communicate()  # closes its stdin pipe too

@@ -991,6 +991,15 @@ def _drill_local(
             f"run {run['spec']['run_id']} is not running on this machine (status "
             f"{run.get('status')}); start it with `spotbook run` or `spotbook resume`, then drill"
         )
+    from ._environment import process_started
+
+    recorded, now = current.get("process_started"), process_started(pid)
+    if recorded is not None and now is not None and abs(float(recorded) - now) > 2.0:
+        # the runner died and its pid was reused: never signal a stranger
+        raise UsageError(
+            f"run {run['spec']['run_id']} is not running: its runner (pid {pid}) is gone and "
+            "that pid now belongs to another process; resume the run with `spotbook resume`"
+        )
     grace = float((run["spec"].get("limits") or {}).get("grace", Limits().grace))
     n = int(current["attempt"])
     t0 = time.monotonic()

@@ -21,10 +21,11 @@ POD_ENV = {
 _GPU_FIELDS = ("index", "name", "memory.total", "driver_version", "uuid")
 
 
-def process_started() -> float | None:
-    """When this process started (wall clock, ~10 ms), from /proc; None where there is none."""
+def process_started(pid: int | str = "self") -> float | None:
+    """When process ``pid`` started (wall clock, ~10 ms), from /proc; None where there is
+    none (no /proc, or no such process)."""
     try:
-        with open("/proc/self/stat") as fh:
+        with open(f"/proc/{pid}/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as fh:
             uptime = float(fh.read().split()[0])
