@@ -9,6 +9,8 @@ import shutil
 import signal
 from pathlib import Path
 
+import pytest
+
 from .conftest import cli, kill, start_cli, wait_for, write_notebook
 
 KILLED_AFTER_NOTICE = (
@@ -176,3 +178,30 @@ def test_state_that_cannot_be_pickled_turns_snapshots_off_visibly(tmp_path: Path
     assert "cannot snapshot" in off
     text = cli("status", "rd", cwd=tmp_path).stdout
     assert "snapshots off:" in text
+
+
+@pytest.mark.parametrize("grace", ["60", "0"], ids=["cell-finishes", "cell-interrupted"])
+def test_a_superseded_attempt_writes_nothing_on_its_way_out(tmp_path: Path, grace: str) -> None:
+    """SIGTERM reaches an attempt after a newer one claimed the run: it leaves run.json,
+    output.ipynb and OUTPUT to the newer attempt, and exits 3 (superseded)."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "x = 1",
+        "import os, time\nopen('started', 'w').close()\n"
+        "while not os.path.exists(os.environ['SPOTBOOK_NOTICE_FILE']):\n    time.sleep(0.01)\n"
+        "while os.environ.get('HOLD'):  # outlive the grace: interrupted\n    time.sleep(0.01)",
+    )
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--grace", grace, cwd=tmp_path,
+        env={"HOLD": "1"} if grace == "0" else {},
+    )  # fmt: skip
+    wait_for(lambda: (tmp_path / "started").exists(), timeout=120, what="the cell to start")
+    from spotbook._store import RunStore
+
+    store = RunStore(str(tmp_path / "rd"))
+    assert store.claim_attempt({"outcome": "running", "resumed_from": 1}) == 2  # the newer one
+    before = {n: store.read(n) for n in ("run.json", "output.ipynb")}
+    code, err = kill(proc, signal.SIGTERM)
+    assert code == 3 and "newer attempt" in err, err
+    assert {n: store.read(n) for n in before} == before
+    assert not (tmp_path / "out.ipynb").exists()

@@ -379,6 +379,14 @@ class Runner:
             self._refresh(force=True, running=start)
             await self._run_cells(start)
         except Terminated:
+            if self.store.superseded(self.attempt):
+                # a newer attempt owns the run: leave it run.json, output.ipynb and OUTPUT
+                self._end_attempt(Outcome.SUPERSEDED)
+                raise SupersededError(
+                    f"attempt {self.attempt} of run {self.spec.run_id} was stopped by "
+                    f"{self._notice.signame} after a newer attempt had taken over; it wrote "
+                    "nothing more"
+                ) from None
             await self._final_files_sync()
             notice = self._notice
             self._end_attempt(
