@@ -205,3 +205,18 @@ def test_a_superseded_attempt_writes_nothing_on_its_way_out(tmp_path: Path, grac
     assert code == 3 and "newer attempt" in err, err
     assert {n: store.read(n) for n in before} == before
     assert not (tmp_path / "out.ipynb").exists()
+
+
+def test_widget_state_reaches_the_output_notebook(tmp_path: Path) -> None:
+    """As nbclient writes it: metadata.widgets holds the state of the widgets shown."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "import ipywidgets\nw = ipywidgets.IntSlider(value=7, description='lr')\ndisplay(w)",
+        "w.value = 9",
+    )
+    r = cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    state = out["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    sliders = [m["state"] for m in state.values() if m["model_name"] == "IntSliderModel"]
+    assert [(s["description"], s["value"]) for s in sliders] == [("lr", 9)]

@@ -769,6 +769,9 @@ class Runner:
         if not (force or due):
             return 0
         nb = nbs.assemble(self.nb, self.records, run_meta=self._run_meta(final), running=running)
+        widgets = self.session.widget_state() if self.session is not None else None
+        if widgets:  # as nbclient writes it: the widgets' state, for renderers
+            nb.metadata["widgets"] = widgets
         data = nbs.dumps(nb).encode()
         self.store.write("output.ipynb", data)
         if (final if to_output is None else to_output) and self.spec.output:
