@@ -220,3 +220,25 @@ def test_widget_state_reaches_the_output_notebook(tmp_path: Path) -> None:
     state = out["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     sliders = [m["state"] for m in state.values() if m["model_name"] == "IntSliderModel"]
     assert [(s["description"], s["value"]) for s in sliders] == [("lr", 9)]
+
+
+def test_storage_retries_stop_at_the_deadline() -> None:
+    """After a notice the store gets a deadline: a retry that would sleep past it is not
+    made, and the last error is raised (the time to exit stays bounded)."""
+    import time
+
+    from spotbook._store import with_retries
+
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        raise ConnectionResetError("the store went away")
+
+    with pytest.raises(ConnectionResetError):
+        with_retries(flaky, "write x", tries=3)
+    assert len(calls) == 3  # without a deadline: every try
+    calls.clear()
+    with pytest.raises(ConnectionResetError):
+        with_retries(flaky, "write x", tries=3, deadline=time.monotonic())
+    assert len(calls) == 1  # no time left: no retry

@@ -236,6 +236,10 @@ class Runner:
         assert self._notice is not None
         first = not self._notice.event.is_set()
         self._notice.fire(signame)
+        if first:
+            # --grace plus the save budget bounds the time to exit: storage retries give
+            # up (and say so) rather than sleep past it
+            self.store.deadline = self._notice.at + self._grace + SAVE_BUDGET
         if first and self._files is not None:
             # Upload the checkpoint directory now, while the cell uses its grace: the
             # sync after the cell then only sends what the cell saved since.

@@ -105,14 +105,20 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) or module in ("aiohttp", "botocore", "aiobotocore", "gcsfs")
 
 
-def with_retries(op: Callable[[], T], what: str, tries: int = RETRY_TRIES) -> T:
-    """Run ``op``, retrying transient storage faults with exponential backoff."""
+def with_retries(
+    op: Callable[[], T], what: str, tries: int = RETRY_TRIES, deadline: float | None = None
+) -> T:
+    """Run ``op``, retrying transient storage faults with exponential backoff; never
+    sleeping past ``deadline`` (``time.monotonic()``), where the last error is raised."""
     delay = RETRY_FIRST
     for attempt in range(1, tries + 1):
         try:
             return op()
         except Exception as exc:
             if attempt == tries or not _transient(exc):
+                raise
+            if deadline is not None and time.monotonic() + delay > deadline:
+                log.warning("%s failed (%s); no time left to retry it", what, exc)
                 raise
             log.warning(
                 "%s failed (%s: %s); retry %d in %.1f s",
@@ -285,6 +291,8 @@ class RunStore:
         # then on what the runner trusts is signed on write and checked on read.
         self.seal: Seal | None = None
         self._seq: dict[int, int] = {}  # attempt -> records it wrote (a record's ``seq``)
+        # after a termination notice: retries stop where the time to exit runs out
+        self.deadline: float | None = None
 
     def __repr__(self) -> str:
         return f"RunStore({self.url!r})"
@@ -325,7 +333,9 @@ class RunStore:
     def _do(self, op: Callable[[], T], what: str) -> T:
         """One storage operation: retried on object stores, errors made StorageError."""
         with self._translate(what):
-            return op() if self.local else with_retries(op, f"{self.url}: {what}")
+            if self.local:
+                return op()
+            return with_retries(op, f"{self.url}: {what}", deadline=self.deadline)
 
     def _do_write(self, op: Callable[[], T], what: str) -> T:
         """A write: "not found" here means the bucket (or container) is missing."""
