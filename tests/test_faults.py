@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,24 @@ def test_storage_retries_stop_at_the_deadline() -> None:
     with pytest.raises(ConnectionResetError):
         with_retries(flaky, "write x", tries=3, deadline=time.monotonic())
     assert len(calls) == 1  # no time left: no retry
+
+
+def test_partial_files_a_killed_writer_left_are_removed(tmp_path: Path) -> None:
+    """A kill mid-write leaves ``X.tmp-PID-N`` files; the next attempt removes those of
+    dead processes (a live writer's are left alone)."""
+    import os
+
+    write_notebook(tmp_path / "nb.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
+    assert cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path).returncode == 1
+    blobs = tmp_path / "rd" / "state" / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs
+    stale = [blobs / f"abc.tmp-{dead.pid}-1", tmp_path / "rd" / "cells" / f"x.tmp-{dead.pid}-2"]
+    live = blobs / f"def.tmp-{os.getpid()}-1"
+    for p in (*stale, live):
+        p.write_bytes(b"half")
+    (tmp_path / "go").write_text("")
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not any(p.exists() for p in stale) and live.exists()

@@ -307,7 +307,13 @@ class Runner:
             store_bytes=self.store.bytes_written + self._blob_bytes,
             **extra,
         )
+        # A superseded attempt still closes its own record (only it writes that file):
+        # so it is not taken for a preemption, nor counted against the budget. It
+        # writes nothing the newer attempt owns.
         if outcome is not Outcome.SUPERSEDED:
+            self.store.update_attempt(self.attempt, self.attempt_rec)
+            return
+        with contextlib.suppress(Exception):  # best effort: the run is not ours any more
             self.store.update_attempt(self.attempt, self.attempt_rec)
 
     def _set_status(self, status: RunStatus, message: str = "") -> None:
