@@ -7,6 +7,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -91,3 +92,15 @@ nb = nbformat.read(sys.argv[1], as_version=4)
 NotebookClient(nb, kernel_name="python3").execute()
 nbformat.write(nb, sys.argv[2])
 """
+
+
+def baseline_src(rev: str, work: Path) -> Path:
+    """The ``src/`` of commit ``rev`` (``git archive``), to put first on PYTHONPATH: the
+    spotbook it runs, and the kernels it starts, import that version."""
+    root = Path(__file__).resolve().parent.parent
+    archive = work / "baseline.tar"
+    with archive.open("wb") as fh:
+        subprocess.run(["git", "archive", rev, "src"], cwd=root, stdout=fh, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(work / "baseline", filter="data")
+    return work / "baseline" / "src"

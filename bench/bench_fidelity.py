@@ -19,15 +19,13 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import median, write_notebook
+from _common import baseline_src, median, write_notebook
 
-ROOT = Path(__file__).resolve().parent.parent
 CAPTURE_CELLS = [
     "import random, logging, warnings, decimal\nimport numpy as np\nimport pandas as pd\n"
     "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt",
@@ -71,16 +69,6 @@ def capture_costs(work: Path) -> list[float]:
     ]
 
 
-def baseline_tree(rev: str, work: Path) -> Path:
-    """The ``src/`` of an older commit, to import instead of this checkout's."""
-    archive = work / "baseline.tar"
-    with archive.open("wb") as fh:
-        subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, stdout=fh, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(work / "baseline", filter="data")
-    return work / "baseline" / "src"
-
-
 def run_once(nb: Path, store: Path, src: Path | None) -> float:
     env = dict(os.environ)
     if src is not None:  # the kernel inherits it, so it imports the same spotbook
@@ -103,7 +91,7 @@ def main() -> None:
             f"matplotlib + logging imported): median {statistics.median(costs) * 1e3:.3f} ms, "
             f"max {max(costs) * 1e3:.3f} ms"
         )
-        old = baseline_tree(args.baseline, work)
+        old = baseline_src(args.baseline, work)
         print(f"2. per-cell path, this checkout vs {args.baseline} (median of {args.repeat}):")
         for cells in (100, 1000):
             nb = work / f"trivial{cells}.ipynb"

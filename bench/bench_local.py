@@ -17,16 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import NBCLIENT_SCRIPT, median, timed, write_notebook
-
-ROOT = Path(__file__).resolve().parent.parent
+from _common import NBCLIENT_SCRIPT, baseline_src, median, timed, write_notebook
 
 CASES = {
     "1 cell": ["x = 1"],
@@ -63,16 +59,6 @@ def tools(nb: Path, out: Path, work: Path) -> dict[str, list[str]]:
             "WARNING",
         ],
     }
-
-
-def baseline_src(rev: str, work: Path) -> Path:
-    """The ``src/`` of commit ``rev``, to put first on PYTHONPATH (the kernel inherits it)."""
-    archive = work / "baseline.tar"
-    with archive.open("wb") as fh:
-        subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, stdout=fh, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(work / "baseline", filter="data")
-    return work / "baseline" / "src"
 
 
 def spotbook_bytes(store: Path) -> tuple[int, int]:

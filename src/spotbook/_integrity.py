@@ -128,7 +128,11 @@ def _create_user_key(path: str) -> Key:
 
 
 def make_private_dirs(path: str) -> None:
-    """``os.makedirs`` whose new directories are 0700 whatever the umask."""
+    """``os.makedirs`` whose new directories are 0700 whatever the umask.
+
+    ``kernel/pickling.py`` has its own copy: code in the user's kernel imports nothing of
+    spotbook's host side, and the host does not load the kernel package (cloudpickle).
+    """
     path = os.path.abspath(path)
     missing = []
     while not os.path.isdir(path):
