@@ -24,6 +24,14 @@ KILLED_AFTER_NOTICE = (
 )
 
 
+def _run_every_cell(tmp: Path) -> subprocess.CompletedProcess[str]:
+    """`spotbook run nb.ipynb out.ipynb --run-dir rd --snapshot every-cell` in ``tmp``."""
+    r: subprocess.CompletedProcess[str] = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=tmp
+    )
+    return r
+
+
 def _status(tmp: Path) -> dict:
     r = cli("status", "rd", "--json", cwd=tmp)
     assert r.returncode == 0, r.stderr
@@ -64,10 +72,7 @@ def test_kernel_dying_in_a_snapshot_says_so(tmp_path: Path) -> None:
         "y = 2",
         "print(y)",
     )
-    r = cli(
-        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
-        cwd=tmp_path,
-    )  # fmt: skip
+    r = _run_every_cell(tmp_path)
     assert r.returncode == 1, r.stderr
     assert "the kernel died while taking the snapshot after cell 0" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
@@ -83,10 +88,7 @@ def test_kernel_dying_in_a_restore_says_so(tmp_path: Path) -> None:
         "y = 2",
         "assert os.path.exists('go')",
     )
-    r = cli(
-        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
-        cwd=tmp_path,
-    )  # fmt: skip
+    r = _run_every_cell(tmp_path)
     assert r.returncode == 1 and "AssertionError" in r.stderr, r.stderr
     (tmp_path / "go").write_text("")
     r = cli("resume", "rd", cwd=tmp_path)
@@ -145,10 +147,7 @@ def test_a_snapshot_that_cannot_be_written_stops_with_progress_kept(tmp_path: Pa
         "print(x, len(big))",
     )
     (tmp_path / "full").write_text("")
-    r = cli(
-        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
-        cwd=tmp_path,
-    )  # fmt: skip
+    r = _run_every_cell(tmp_path)
     assert r.returncode == 3, r.stderr
     assert "the snapshot after cell 1 could not be written" in r.stderr
     assert "progress up to cell 0 is saved" in r.stderr and "Traceback" not in r.stderr
@@ -169,10 +168,7 @@ def test_state_that_cannot_be_pickled_turns_snapshots_off_visibly(tmp_path: Path
         "y = 2",
         "print(y)",
     )
-    r = cli(
-        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
-        cwd=tmp_path,
-    )  # fmt: skip
+    r = _run_every_cell(tmp_path)
     assert r.returncode == 0, r.stderr
     assert "snapshots are off" in r.stderr
     off = _status(tmp_path)["attempts"][0]["snapshots_off"]
