@@ -9,6 +9,9 @@ For each request, with the given probabilities:
   --lost  forward it, then close the connection without passing the answer on
           (the request took effect but the client never heard: the hard case for
           exclusive creates).
+While the file STATS_FILE.outage exists, the store is down: every request is answered
+503, or, if the file says "hang", held unanswered until the file goes (a network that
+drops packets), then closed.
 Everything else is forwarded unchanged. Counts are rewritten to STATS_FILE as JSON
 after every request, so tests can show that faults happened and were retried.
 """
@@ -21,6 +24,7 @@ import json
 import os
 import random
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -36,6 +40,14 @@ _HOP = {
 }
 
 
+def _outage(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("upstream")
@@ -49,7 +61,7 @@ def main() -> None:
     up = urllib.parse.urlsplit(args.upstream)
     rng = random.Random(args.seed)
     lock = threading.Lock()
-    stats = {"requests": 0, "failed": 0, "dropped": 0, "lost": 0, "forwarded": 0}
+    stats = {"requests": 0, "failed": 0, "dropped": 0, "lost": 0, "forwarded": 0, "held": 0}
 
     def count(key: str) -> None:
         with lock:
@@ -82,14 +94,22 @@ def main() -> None:
             with lock:
                 stats["requests"] += 1
                 roll = rng.random()
-            if roll < args.fail:
+            outage = _outage(args.stats + ".outage")
+            if outage == "hang":
+                count("held")
+                while _outage(args.stats + ".outage") == "hang":
+                    time.sleep(0.05)
+                self.close_connection = True
+                return
+            if roll < args.fail or outage is not None:
                 count("failed")
                 msg = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
                 self.send_response(503)
                 self.send_header("Content-Length", str(len(msg)))
                 self.send_header("Content-Type", "application/xml")
                 self.end_headers()
-                self.wfile.write(msg)
+                if self.command != "HEAD":
+                    self.wfile.write(msg)
                 return
             if roll < args.fail + args.drop:
                 count("dropped")

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cli, kill, start_cli, wait_for, write_notebook
+from spotbook._store import RETRY_TRIES
+
+from .conftest import Place, cli, kill, on, start_cli, wait_for, write_notebook
+from .servers import Storage
 
 KILLED_AFTER_NOTICE = (
     "import os, signal, time\n"
@@ -260,3 +263,85 @@ def test_partial_files_a_killed_writer_left_are_removed(tmp_path: Path) -> None:
     r = cli("resume", "rd", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not any(p.exists() for p in stale) and live.exists()
+
+
+GATED = (
+    "x = 1",
+    "import os, time\n"
+    "open('started', 'w').close()\n"
+    "while not os.path.exists('go'):\n"
+    "    time.sleep(0.01)\n"
+    "y = x + 1",
+    "print(x, y)",
+)
+
+
+def _gated_run(work: Path, place: Place, *extra: str) -> subprocess.Popen[str]:
+    """Start GATED on ``place`` and wait until cell 0 is committed and cell 1 waits."""
+    write_notebook(work / "nb.ipynb", *GATED)
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", place.rd, *extra, cwd=work, env=place.env
+    )
+    wait_for(lambda: (work / "started").exists(), timeout=120, what="cell 1 to start")
+    wait_for(lambda: place.committed() >= 1, timeout=60, what="cell 0's record")
+    return proc
+
+
+def _resumes_to_the_end(work: Path, place: Place) -> None:
+    (work / "go").write_text("")
+    r = cli("resume", place.rd, cwd=work, env=place.env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((work / "out.ipynb").read_text())
+    assert "1 2" in json.dumps(out["cells"][2]["outputs"])
+
+
+@on("s3", "gs")
+def test_a_store_outage_stops_the_run_with_progress_kept(
+    work: Path, place: Place, storages: dict[str, Storage]
+) -> None:
+    """The store answers 503 to everything: each write is tried RETRY_TRIES times by
+    spotbook, one request a try (the client libraries' own retries are off, so an outage
+    costs seconds, not minutes), then exit 3; once the store is back, a resume goes on."""
+    st = storages[place.kind]
+    proc = _gated_run(work, place)
+    outage = Path(f"{st.stats_file}.outage")
+    before = st.faults()
+    outage.write_text("503")
+    try:
+        (work / "go").write_text("")
+        _, err = proc.communicate(timeout=600)
+        during = st.faults()
+    finally:
+        outage.unlink()
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err and place.rd.split("://")[0] in err
+    failed = during["failed"] - before["failed"]
+    ops = err.count("; retry 1 in ")  # each operation's first retry is logged once
+    # at most two requests a try (a lookup may ask for the object, then for a listing);
+    # with the clients' own retries on, each try made 5 (s3fs) or 6 (gcsfs) more
+    assert ops >= 1 and failed <= 2 * ops * RETRY_TRIES, (ops, failed, err)
+    (work / "go").unlink()
+    (work / "started").unlink()
+    _resumes_to_the_end(work, place)
+
+
+@on("s3")
+def test_a_store_that_hangs_after_the_notice_cannot_hold_the_exit(
+    work: Path, place: Place, storages: dict[str, Storage]
+) -> None:
+    """After SIGTERM the store stops answering (requests are held, as by a network that
+    drops packets): the exit watchdog ends the process with 75 and says why, instead of
+    waiting for the client library's read timeout; a resume goes on from cell 0's record."""
+    st = storages[place.kind]
+    proc = _gated_run(work, place, "--grace", "1")
+    outage = Path(f"{st.stats_file}.outage")
+    outage.write_text("hang")
+    try:
+        code, err = kill(proc, signal.SIGTERM)
+        held = st.faults()["held"]
+    finally:
+        outage.unlink()
+    assert code == 75, err
+    assert held >= 1  # the store really was not answering
+    assert "does not answer; stopping now" in err and "spotbook resume" in err, err
+    _resumes_to_the_end(work, place)

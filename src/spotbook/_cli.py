@@ -423,12 +423,20 @@ def _echo_output(kind: str, content: dict[str, Any]) -> None:
         sys.stderr.flush()
 
 
+def _exit_now(why: str) -> None:
+    """The runner's exit watchdog: the time to exit after a notice ran out."""
+    print(f"spotbook: {why}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(EXIT_STOPPED)
+
+
 def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
     opts = RunnerOptions(
         grace=args.grace,
         strict_resume=bool(getattr(args, "strict_resume", False)),
         on_output=_echo_output if args.log_output else None,
         on_progress=_Progress(args.progress_bar),
+        on_overrun=_exit_now,
     )
     result = Runner(store, opts).run()
     print(

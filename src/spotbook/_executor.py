@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -344,6 +345,13 @@ class KernelSession:
         if value.get("status") != "ok":
             raise RuntimeError(f"{value.get('ename')}: {value.get('evalue')}")
         return ast.literal_eval(value["data"]["text/plain"])
+
+    def kill_now(self) -> None:
+        """Kill the kernel process at once (from any thread): the process is leaving."""
+        proc = getattr(getattr(self._client.km, "provisioner", None), "process", None)
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
 
     async def shutdown(self) -> None:
         client = self._client

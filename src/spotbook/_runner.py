@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +67,10 @@ _TRANSFERS = 8  # object stores: concurrent blob transfers
 # After a termination notice: how long saving (a snapshot in progress, or one last
 # snapshot) may take, counted from the notice. GKE gives a pod ~15 s; exit within 10.
 SAVE_BUDGET = 6.0
+# Past grace plus the save budget, something below spotbook is stuck (a store that does
+# not answer, a client library's own retries): the exit watchdog ends the process this
+# long after that, keeping what was committed.
+EXIT_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class RunnerOptions:
     handle_signals: bool = True
     grace: float | None = None  # overrides the run's --grace for this attempt
     strict_resume: bool = False  # refuse to resume when the result could differ
+    # Called from a watchdog thread when the process is still here EXIT_MARGIN after
+    # the notice's deadline; it must end the process (the CLI exits with 75). None: no
+    # watchdog (the Python API never ends its caller's process).
+    on_overrun: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,7 @@ class Runner:
             raise UsageError("--grace must be zero or more seconds")
         self._files: CheckpointDir | None = None  # object stores: the synced checkpoint dir
         self._files_task: asyncio.Future[None] | None = None
+        self._watchdog: threading.Timer | None = None
         self._early_sync: asyncio.Future[None] | None = None
         self._tmp = ""
         self._kernel_env: dict[str, str] = {}
@@ -208,6 +218,8 @@ class Runner:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             if self.session is not None:
                 await self.session.shutdown()
             self.store.close()
@@ -240,10 +252,30 @@ class Runner:
             # --grace plus the save budget bounds the time to exit: storage retries give
             # up (and say so) rather than sleep past it
             self.store.deadline = self._notice.at + self._grace + SAVE_BUDGET
+            if self.opts.on_overrun is not None:
+                self._watchdog = threading.Timer(
+                    self._grace + SAVE_BUDGET + EXIT_MARGIN, self._overrun
+                )
+                self._watchdog.daemon = True
+                self._watchdog.start()
         if first and self._files is not None:
             # Upload the checkpoint directory now, while the cell uses its grace: the
             # sync after the cell then only sends what the cell saved since.
             self._early_sync = asyncio.ensure_future(self._sync_files_quietly())
+
+    def _overrun(self) -> None:
+        """The watchdog's thread: the time to exit ran out while the loop is stuck."""
+        assert self.opts.on_overrun is not None
+        if self.session is not None:
+            self.session.kill_now()
+        done = sum(1 for r in self.records.values() if r.get("outcome"))
+        self.opts.on_overrun(
+            f"run {self.spec.run_id}: still saving {self._grace + SAVE_BUDGET + EXIT_MARGIN:.0f}"
+            f" s after the {self._notice.signame if self._notice else 'notice'} (--grace "
+            f"{self._grace:g} s + {SAVE_BUDGET:g} s to save): the store at {self.store.url} "
+            "does not answer; stopping now. What was committed before stays "
+            f"({done} cell records); `spotbook resume` continues from there"
+        )
 
     def _preflight(self, start: int) -> None:
         """Check, before any kernel starts, what this attempt will take from the store."""

@@ -33,6 +33,7 @@ with a key the store never holds. A local store's files are 0600 and its directo
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -156,18 +157,39 @@ def resolve_run(run: str, base: str = ".") -> str:
 
 def _fs(url: str) -> tuple[Any, str]:
     try:
-        options = {}
+        options: dict[str, Any] = {}
         if is_url(url) and not url.startswith(("file://", "local://")):
             # Another attempt may write at any time: a cached listing would hide its
             # records and its fence, so object stores are always asked afresh.
             options["use_listings_cache"] = False
+            if url.startswith(("s3://", "s3a://")):
+                options["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
         fs, path = fsspec.core.url_to_fs(url, **options)
+        _one_request_per_try(fs)
         return fs, str(path)
     except (ImportError, ValueError) as exc:
         raise UsageError(
             f"cannot open {url!r}: {exc}; install the fsspec backend for that scheme "
             "(e.g. gcsfs for gs://, s3fs for s3://)"
         ) from exc
+
+
+def _one_request_per_try(fs: Any) -> None:
+    """Make ``with_retries`` the only retry layer: one try, one request.
+
+    The client libraries retry on their own (s3fs 5 times, each with botocore's attempts;
+    gcsfs 6 times, sleeping up to 32 s): under spotbook's retries an outage then costs
+    minutes per operation, and no deadline can cut a sleep inside the client. Azure's SDK
+    keeps its own policy (adlfs offers no switch for it); the runner's exit watchdog
+    bounds the time to exit there.
+    """
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1
+    elif protocol in ("gs", "gcs"):
+        raw = getattr(type(fs)._request, "__wrapped__", None)  # without @retry_request
+        if raw is not None:
+            fs._request = functools.partial(raw, fs)
 
 
 def read_url(url: str) -> bytes:
