@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,57 @@ def test_a_store_that_hangs_after_the_notice_cannot_hold_the_exit(
     assert held >= 1  # the store really was not answering
     assert "does not answer; stopping now" in err and "spotbook resume" in err, err
     _resumes_to_the_end(work, place)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs (root can mount one; CI runs as root)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here ({r.stderr.strip()})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_filesystem_stops_the_run_with_progress_kept(tmp_path: Path, small_fs: Path) -> None:
+    """The run store is on a small filesystem that the state does not fit: the snapshot
+    is retried, then exit 3 with what failed; once there is room, a resume goes on."""
+    write_notebook(tmp_path / "nb.ipynb", "x = 1", "big = bytes(16 << 20)", "print(x, len(big))")
+    rd = str(small_fs / "rd")
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", rd, "--snapshot", "every-cell", cwd=tmp_path
+    )
+    assert r.returncode == 3, r.stderr
+    assert "the snapshot after cell 1 could not be written" in r.stderr, r.stderr
+    assert "progress up to cell 0 is saved" in r.stderr and "Traceback" not in r.stderr
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
+    r = cli("resume", rd, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    assert "1 16777216" in json.dumps(out["cells"][2]["outputs"])
+
+
+def test_a_read_only_run_dir_is_bad_input(tmp_path: Path, small_fs: Path) -> None:
+    """A run dir that cannot be written (a read-only filesystem: what root meets where
+    others meet "permission denied") is a local problem retrying cannot fix: exit 2, a
+    message about the path, and nothing written; for a new run and for a restart."""
+    write_notebook(tmp_path / "nb.ipynb", "x = 1", "print(x)")
+    r = cli("run", "nb.ipynb", "out.ipynb", "--run-dir", str(small_fs / "old"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    r = cli("run", "nb.ipynb", "out2.ipynb", "--run-dir", str(small_fs / "new"), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "give --run-dir a directory on a writable filesystem" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (small_fs / "new").exists()
+    again = ("run", "nb.ipynb", "out2.ipynb", "--run-dir", str(small_fs / "old"), "--restart")
+    r = cli(*again, cwd=tmp_path)
+    assert r.returncode == 2 and "writable filesystem" in r.stderr, r.stderr

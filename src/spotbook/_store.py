@@ -33,6 +33,7 @@ with a key the store never holds. A local store's files are 0600 and its directo
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import json
@@ -340,8 +341,16 @@ class RunStore:
                 f"({exc.filename or self.root}); give --run-dir a directory this user can "
                 "write (or a new path)"
             ) from exc
+        except OSError as exc:
+            if self.local and exc.errno == errno.EROFS:  # permanent too: exit 2
+                raise UsageError(
+                    f"run store {self.url}: cannot {what}: {exc.strerror} "
+                    f"({exc.filename or self.root}); give --run-dir a directory on a "
+                    "writable filesystem"
+                ) from exc
+            raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
         except Exception as exc:
-            if isinstance(exc, OSError) or _transient(exc):
+            if _transient(exc):
                 raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
             raise
 
