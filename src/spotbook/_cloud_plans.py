@@ -13,20 +13,22 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from . import _gpus as gpus
 from ._errors import UsageError
 
 KSA_DEFAULT = "spotbook-runner"
+REPOSITORY_DEFAULT = "spotbook"  # the image repository (Artifact Registry, ECR)
+IMAGE_TAG = "1"
+# NVIDIA's device plugin, for clusters whose GPU nodes do not get one (AKS)
+DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 
-# GKE machine families that carry each accelerator (the default --machine-type)
-GKE_MACHINES = {
-    "nvidia-l4": "g2-standard-8",
-    "nvidia-tesla-t4": "n1-standard-8",
-    "nvidia-tesla-v100": "n1-standard-8",
-    "nvidia-tesla-a100": "a2-highgpu-1g",
-    "nvidia-a100-80gb": "a2-ultragpu-1g",
-}
+
+def shell_join(argv: tuple[str, ...] | list[str]) -> str:
+    # "$(...)" is a lookup the shell must run: double quotes keep it working
+    return " ".join(f'"{a}"' if "$(" in a else shlex.quote(a) for a in argv)
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,7 @@ class Step:
     done_if: tuple[str, ...] | None = None
 
     def shell(self) -> str:
-        # "$(...)" is a lookup the shell must run: double quotes keep it working
-        line = " ".join(f'"{a}"' if "$(" in a else shlex.quote(a) for a in self.argv)
+        line = shell_join(self.argv)
         if self.stdin is None:
             return line
         return f"{line} <<'EOF'\n{self.stdin.rstrip()}\nEOF"
@@ -53,7 +54,7 @@ class PlanOptions:
     cluster: str = "spotbook"
     location: str = ""  # GKE zone or region, AWS region, Azure region
     project: str = ""  # GKE project, Azure resource group
-    gpu: str = "nvidia-l4"
+    gpu: str = ""  # spotbook's GPU type name; "" is the provider's default
     gpu_count: int = 1
     machine_type: str | None = None
     system_machine_type: str | None = None
@@ -61,6 +62,19 @@ class PlanOptions:
     bucket: str = ""
     namespace: str = "default"
     service_account: str = KSA_DEFAULT
+    # GKE regional clusters: the zones the GPU pool's nodes go in (not every zone of a
+    # region has every GPU)
+    node_locations: tuple[str, ...] = ()
+    registry: str = ""  # the image repository (ACR: the registry's name)
+
+    def gpu_name(self, cloud: str) -> str:
+        return gpus.canonical(self.gpu) if self.gpu else gpus.DEFAULT_GPU[cloud]
+
+    def machine(self, cloud: str) -> str:
+        """--machine-type, or the machine that carries gpu_count of the GPU type."""
+        return self.machine_type or gpus.machine_for(
+            cloud, self.gpu or self.gpu_name(cloud), self.gpu_count
+        )
 
     def check(self, needs: dict[str, str]) -> None:
         missing = [flag for attr, flag in needs.items() if not getattr(self, attr)]
@@ -125,26 +139,65 @@ def _service_account_steps(o: PlanOptions, tied_to: str, annotation: str) -> lis
     ]
 
 
+def _gke_region(o: PlanOptions) -> str:
+    return o.location.rsplit("-", 1)[0] if _is_zone(o.location) else o.location
+
+
+def _gke_pool_size(o: PlanOptions, gpu: str) -> list[str]:
+    """Autoscaling limits: per zone in a zonal cluster; in a regional one, the total over
+    the pool's --node-locations (min/max-nodes there would count per zone)."""
+    if _is_zone(o.location):
+        if o.node_locations:
+            raise UsageError("--node-locations is for regional plans (--region)")
+        return ["--num-nodes=0", "--min-nodes=0", f"--max-nodes={o.max_nodes}"]
+    if not o.node_locations:
+        raise UsageError(
+            f"a regional plan needs --node-locations ZONE[,ZONE...]: the zones of "
+            f"{o.location} the GPU pool may use (not every zone has every GPU; list them "
+            f'with `gcloud compute accelerator-types list --filter="zone~{o.location} '
+            f'AND name={gpu}"`)'
+        )
+    bad = [z for z in o.node_locations if not (_is_zone(z) and z.startswith(o.location + "-"))]
+    if bad:
+        raise UsageError(f"--node-locations {','.join(bad)}: not zones of {o.location}")
+    return [
+        f"--node-locations={','.join(o.node_locations)}",
+        "--num-nodes=0",
+        "--total-min-nodes=0",
+        f"--total-max-nodes={o.max_nodes}",
+    ]
+
+
+def gke_image(o: PlanOptions) -> str:
+    repo = o.registry or REPOSITORY_DEFAULT
+    return f"{_gke_region(o)}-docker.pkg.dev/{o.project}/{repo}/spotbook:{IMAGE_TAG}"
+
+
 def gke_plan(o: PlanOptions) -> list[Step]:
     o.check({"project": "--project", "location": "--zone or --region", "bucket": "--bucket"})
-    machine = o.machine_type or GKE_MACHINES.get(o.gpu)
-    if machine is None:
-        raise UsageError(
-            f"no default machine type for {o.gpu}; pass --machine-type (one that carries it)"
-        )
+    gpu = o.gpu_name("gke")
+    machine = o.machine("gke")
+    size = _gke_pool_size(o, gpu)
     where = _gke_where(o)
-    region = o.location.rsplit("-", 1)[0] if _is_zone(o.location) else o.location
+    region = _gke_region(o)
     pool = "gpu-spot"
     gsa = _gsa(o)
+    repo = o.registry or REPOSITORY_DEFAULT
+    nodes_sa = (
+        f"$(gcloud projects describe {o.project} --format='value(projectNumber)')"
+        "-compute@developer.gserviceaccount.com"
+    )
+    spread = f" in {', '.join(o.node_locations)}" if o.node_locations else ""
     return [
         Step(
-            "Enable the Kubernetes Engine and Cloud Storage APIs",
+            "Enable the Kubernetes Engine, Cloud Storage and Artifact Registry APIs",
             (
                 "gcloud",
                 "services",
                 "enable",
                 "container.googleapis.com",
                 "storage.googleapis.com",
+                "artifactregistry.googleapis.com",
                 f"--project={o.project}",
             ),
         ),
@@ -167,8 +220,9 @@ def gke_plan(o: PlanOptions) -> list[Step]:
             done_if=("gcloud", "container", "clusters", "describe", o.cluster, *where),
         ),
         Step(
-            f"Add the Spot GPU pool: {o.gpu_count} x {o.gpu} per node, drivers installed by "
-            f"GKE, 0 to {o.max_nodes} nodes, tainted so only pods that tolerate Spot land there",
+            f"Add the Spot GPU pool: {machine} machines with {o.gpu_count} x {gpu} each, "
+            f"drivers installed by GKE, 0 to {o.max_nodes} nodes{spread}, tainted so only "
+            "pods that tolerate Spot land there",
             (
                 "gcloud",
                 "container",
@@ -179,11 +233,9 @@ def gke_plan(o: PlanOptions) -> list[Step]:
                 *where,
                 "--spot",
                 f"--machine-type={machine}",
-                f"--accelerator=type={o.gpu},count={o.gpu_count},gpu-driver-version=latest",
+                f"--accelerator=type={gpu},count={o.gpu_count},gpu-driver-version=latest",
                 "--enable-autoscaling",
-                "--num-nodes=0",
-                "--min-nodes=0",
-                f"--max-nodes={o.max_nodes}",
+                *size,
                 "--node-taints=cloud.google.com/gke-spot=true:NoSchedule",
                 "--workload-metadata=GKE_METADATA",
             ),
@@ -266,6 +318,47 @@ def gke_plan(o: PlanOptions) -> list[Step]:
             ),
         ),
         Step(
+            f"Create the image repository {repo} (Artifact Registry, Docker format)",
+            (
+                "gcloud",
+                "artifacts",
+                "repositories",
+                "create",
+                repo,
+                "--repository-format=docker",
+                f"--location={region}",
+                f"--project={o.project}",
+            ),
+            done_if=(
+                "gcloud",
+                "artifacts",
+                "repositories",
+                "describe",
+                repo,
+                f"--location={region}",
+                f"--project={o.project}",
+            ),
+        ),
+        Step(
+            "Let the nodes pull from it (they act as the Compute Engine default service "
+            "account unless the cluster was given another)",
+            (
+                "gcloud",
+                "artifacts",
+                "repositories",
+                "add-iam-policy-binding",
+                repo,
+                f"--location={region}",
+                f"--project={o.project}",
+                f"--member=serviceAccount:{nodes_sa}",
+                "--role=roles/artifactregistry.reader",
+            ),
+        ),
+        Step(
+            "Let this machine's docker push to it",
+            ("gcloud", "auth", "configure-docker", f"{region}-docker.pkg.dev", "--quiet"),
+        ),
+        Step(
             "Point kubectl at the cluster",
             ("gcloud", "container", "clusters", "get-credentials", o.cluster, *where),
         ),
@@ -306,17 +399,48 @@ def gke_down(o: PlanOptions, delete_bucket: bool = False) -> list[Step]:
     return steps
 
 
-def submit_hint(o: PlanOptions, provider: str, scheme: str) -> str:
-    gpu = o.gpu if o.gpu_count == 1 else f"{o.gpu}:{o.gpu_count}"
-    return shlex.join(
+def image_for(o: PlanOptions, provider: str) -> str:
+    """Where the plan's registry step puts the worker image."""
+    if provider == "gke":
+        return gke_image(o)
+    if provider == "eks":
+        return eks_image(o)
+    return f"{acr_name(o)}.azurecr.io/spotbook:{IMAGE_TAG}"
+
+
+def image_hint(o: PlanOptions, provider: str) -> list[str]:
+    """The commands that build and push the worker image (from a spotbook checkout)."""
+    image = image_for(o, provider)
+    login = {
+        "gke": [],  # the plan's configure-docker step
+        "eks": [
+            f"aws ecr get-login-password --region {o.location} | docker login --username "
+            f"AWS --password-stdin {image.split('/', 1)[0]}"
+        ],
+        "aks": [f"az acr login --name {acr_name(o)}"],
+    }[provider]
+    return [
+        *login,
+        f"docker build -f docker/Dockerfile.cuda -t {image} .",
+        f"docker push {image}",
+    ]
+
+
+def submit_hint(o: PlanOptions, provider: str) -> str:
+    gpu = o.gpu_name(provider)
+    gpu = gpu if o.gpu_count == 1 else f"{gpu}:{o.gpu_count}"
+    if provider == "aks":
+        where = ["--run-dir", "az://runs/NAME", "--env", f"AZURE_STORAGE_ACCOUNT_NAME={account(o)}"]
+    else:
+        where = ["--run-dir", f"{'gs' if provider == 'gke' else 's3'}://{o.bucket}/runs/NAME"]
+    return shell_join(
         [
             "spotbook",
             "submit",
             "NOTEBOOK.ipynb",
-            "--run-dir",
-            f"{scheme}://{o.bucket}/runs/NAME",
+            *where,
             "--image",
-            "IMAGE",
+            image_for(o, provider),
             "--gpu",
             gpu,
             "--spot",
@@ -332,11 +456,20 @@ def submit_hint(o: PlanOptions, provider: str, scheme: str) -> str:
 
 # -- EKS ---------------------------------------------------------------------------------
 
+CLUSTER_AUTOSCALER_CHART = "https://kubernetes.github.io/autoscaler"
+
+
+def eks_image(o: PlanOptions) -> str:
+    repo = o.registry or REPOSITORY_DEFAULT
+    account_id = "$(aws sts get-caller-identity --query Account --output text)"
+    return f"{account_id}.dkr.ecr.{o.location}.amazonaws.com/{repo}:{IMAGE_TAG}"
+
 
 def eks_config(o: PlanOptions) -> str:
     """An eksctl ClusterConfig: system group on demand, spot GPU group from zero."""
     o.check({"location": "--region", "bucket": "--bucket"})
-    machine = o.machine_type or "g6.xlarge"
+    gpu = o.gpu_name("eks")
+    machine = o.machine("eks")
     policy = {
         "Version": "2012-10-17",
         "Statement": [
@@ -352,6 +485,7 @@ def eks_config(o: PlanOptions) -> str:
             },
         ],
     }
+    template = "k8s.io/cluster-autoscaler/node-template"
     doc = {
         "apiVersion": "eksctl.io/v1alpha5",
         "kind": "ClusterConfig",
@@ -372,6 +506,8 @@ def eks_config(o: PlanOptions) -> str:
                 "minSize": 1,
                 "maxSize": 2,
                 "desiredCapacity": 1,
+                # the cluster autoscaler runs here (the GPU group is tainted)
+                "iam": {"withAddonPolicies": {"autoScaler": True}},
             },
             {
                 "name": "gpu-spot",
@@ -380,14 +516,19 @@ def eks_config(o: PlanOptions) -> str:
                 "minSize": 0,
                 "maxSize": o.max_nodes,
                 "desiredCapacity": 0,
-                "labels": {"k8s.amazonaws.com/accelerator": o.gpu},
+                # managed node groups have no GPU-type label of their own: the Job
+                # selects this one (Karpenter's nodes carry instance-gpu-name instead)
+                "labels": {gpus.LABEL_SPOTBOOK_GPU: gpu},
                 "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+                # the tags reach the Auto Scaling group only with propagateASGTags; the
+                # autoscaler reads them to scale the group up from zero for a GPU pod
+                "propagateASGTags": True,
                 "tags": {
-                    # lets the cluster autoscaler scale the group up from zero for GPU pods
-                    "k8s.io/cluster-autoscaler/node-template/label/"
-                    "k8s.amazonaws.com/accelerator": o.gpu,
-                    "k8s.io/cluster-autoscaler/node-template/taint/"
-                    "nvidia.com/gpu": "true:NoSchedule",
+                    "k8s.io/cluster-autoscaler/enabled": "true",
+                    f"k8s.io/cluster-autoscaler/{o.cluster}": "owned",
+                    f"{template}/label/{gpus.LABEL_SPOTBOOK_GPU}": gpu,
+                    f"{template}/taint/nvidia.com/gpu": "true:NoSchedule",
+                    f"{template}/resources/nvidia.com/gpu": str(o.gpu_count),
                 },
             },
         ],
@@ -400,21 +541,55 @@ def eks_config(o: PlanOptions) -> str:
 
 def eks_plan(o: PlanOptions) -> list[Step]:
     config = eks_config(o)
-    create_bucket = ["aws", "s3api", "create-bucket", "--bucket", o.bucket, "--region", o.location]
+    repo = o.registry or REPOSITORY_DEFAULT
+    region = ("--region", o.location)
+    create_bucket = ["aws", "s3api", "create-bucket", "--bucket", o.bucket, *region]
     if o.location != "us-east-1":
         create_bucket += ["--create-bucket-configuration", f"LocationConstraint={o.location}"]
     return [
-        Step("Create the bucket for run stores", tuple(create_bucket)),
+        Step(
+            "Create the bucket for run stores",
+            tuple(create_bucket),
+            done_if=("aws", "s3api", "head-bucket", "--bucket", o.bucket, *region),
+        ),
+        Step(
+            f"Create the image repository {repo} (ECR; eksctl's node groups may pull from "
+            "it: their role has AmazonEC2ContainerRegistryReadOnly)",
+            ("aws", "ecr", "create-repository", "--repository-name", repo, *region),
+            done_if=("aws", "ecr", "describe-repositories", "--repository-names", repo, *region),
+        ),
         Step(
             "Create the cluster: system group on demand, Spot GPU group from 0 nodes "
             "(eksctl installs the NVIDIA device plugin), an IAM role for the pods' service "
             "account limited to the bucket",
             ("eksctl", "create", "cluster", "-f", "-"),
             stdin=config,
+            done_if=("eksctl", "get", "cluster", "--name", o.cluster, *region),
         ),
         Step(
             "Point kubectl at the cluster",
-            ("aws", "eks", "update-kubeconfig", "--name", o.cluster, "--region", o.location),
+            ("aws", "eks", "update-kubeconfig", "--name", o.cluster, *region),
+        ),
+        Step(
+            "Add the cluster autoscaler's chart repository",
+            ("helm", "repo", "add", "autoscaler", CLUSTER_AUTOSCALER_CHART, "--force-update"),
+        ),
+        Step(
+            "Install the cluster autoscaler: it finds both groups by their tags and scales "
+            "the GPU group up from 0 when a GPU pod waits, and back down",
+            (
+                "helm",
+                "upgrade",
+                "--install",
+                "cluster-autoscaler",
+                "autoscaler/cluster-autoscaler",
+                "--namespace",
+                "kube-system",
+                "--set",
+                f"autoDiscovery.clusterName={o.cluster}",
+                "--set",
+                f"awsRegion={o.location}",
+            ),
         ),
     ]
 
@@ -422,13 +597,87 @@ def eks_plan(o: PlanOptions) -> list[Step]:
 # -- AKS ---------------------------------------------------------------------------------
 
 
+def account(o: PlanOptions) -> str:
+    """The storage account's name: --bucket, as Azure allows (3-24 lower-case letters
+    and digits)."""
+    return re.sub(r"[^a-z0-9]", "", o.bucket.lower())[:24]
+
+
+def acr_name(o: PlanOptions) -> str:
+    """The container registry's name: --registry, or one made from the cluster and the
+    storage account (5-50 letters and digits, unique in Azure)."""
+    name = o.registry or f"{o.cluster}{account(o)}"
+    return re.sub(r"[^a-zA-Z0-9]", "", name)[:50]
+
+
+def aks_device_plugin(o: PlanOptions) -> str:
+    """NVIDIA's device plugin as a DaemonSet for the spot GPU pool: AKS installs the
+    driver but no plugin, so without it no node advertises nvidia.com/gpu; NVIDIA's own
+    manifest does not tolerate AKS's spot taint."""
+    doc = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "nvidia-device-plugin", "namespace": "kube-system"},
+        "spec": {
+            "selector": {"matchLabels": {"name": "nvidia-device-plugin"}},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": {"name": "nvidia-device-plugin"}},
+                "spec": {
+                    "priorityClassName": "system-node-critical",
+                    "nodeSelector": {gpus.LABEL_SPOTBOOK_GPU_POOL: "true"},
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {
+                            "key": "kubernetes.azure.com/scalesetpriority",
+                            "operator": "Equal",
+                            "value": "spot",
+                            "effect": "NoSchedule",
+                        },
+                    ],
+                    "containers": [
+                        {
+                            "name": "nvidia-device-plugin",
+                            "image": DEVICE_PLUGIN_IMAGE,
+                            "env": [{"name": "FAIL_ON_INIT_ERROR", "value": "false"}],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [
+                                {
+                                    "name": "device-plugin",
+                                    "mountPath": "/var/lib/kubelet/device-plugins",
+                                }
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "device-plugin",
+                            "hostPath": {"path": "/var/lib/kubelet/device-plugins"},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    import yaml
+
+    text: str = yaml.safe_dump(doc, sort_keys=False)
+    return text
+
+
 def aks_plan(o: PlanOptions) -> list[Step]:
     o.check({"project": "--resource-group", "location": "--location", "bucket": "--bucket"})
-    rg, account = o.project, re.sub(r"[^a-z0-9]", "", o.bucket.lower())[:24]
-    machine = o.machine_type or "Standard_NC4as_T4_v3"
+    rg = o.project
+    gpu = o.gpu_name("aks")
+    machine = o.machine("aks")
+    registry = acr_name(o)
+    storage = account(o)
     identity = f"{o.cluster}-runner"
     scope = (
-        f"$(az storage account show --name {account} --resource-group {rg} --query id -o tsv)"
+        f"$(az storage account show --name {storage} --resource-group {rg} --query id -o tsv)"
         f"/blobServices/default/containers/runs"
     )
     return [
@@ -456,8 +705,9 @@ def aks_plan(o: PlanOptions) -> list[Step]:
             ),
         ),
         Step(
-            "Add the Spot GPU pool from 0 nodes (AKS taints Spot nodes "
-            "kubernetes.azure.com/scalesetpriority=spot:NoSchedule)",
+            f"Add the Spot GPU pool: {machine} machines with {o.gpu_count} x {gpu} each, "
+            f"from 0 to {o.max_nodes} nodes (AKS taints Spot nodes "
+            "kubernetes.azure.com/scalesetpriority=spot:NoSchedule and installs the driver)",
             (
                 "az",
                 "aks",
@@ -487,7 +737,8 @@ def aks_plan(o: PlanOptions) -> list[Step]:
                 "--node-taints",
                 "nvidia.com/gpu=present:NoSchedule",
                 "--labels",
-                f"nvidia.com/gpu.product={o.gpu}",
+                f"{gpus.LABEL_SPOTBOOK_GPU}={gpu}",
+                f"{gpus.LABEL_SPOTBOOK_GPU_POOL}=true",
             ),
         ),
         Step(
@@ -498,7 +749,7 @@ def aks_plan(o: PlanOptions) -> list[Step]:
                 "account",
                 "create",
                 "--name",
-                account,
+                storage,
                 "--resource-group",
                 rg,
                 "--location",
@@ -508,18 +759,19 @@ def aks_plan(o: PlanOptions) -> list[Step]:
             ),
         ),
         Step(
-            "Create the container for run stores",
+            "Create the container for run stores (through the management plane: a new "
+            "owner has no data-plane role on the account yet)",
             (
                 "az",
                 "storage",
-                "container",
+                "container-rm",
                 "create",
                 "--name",
                 "runs",
-                "--account-name",
-                account,
-                "--auth-mode",
-                "login",
+                "--storage-account",
+                storage,
+                "--resource-group",
+                rg,
             ),
         ),
         Step(
@@ -563,8 +815,42 @@ def aks_plan(o: PlanOptions) -> list[Step]:
             ),
         ),
         Step(
+            f"Create the image registry {registry} (ACR)",
+            (
+                "az",
+                "acr",
+                "create",
+                "--name",
+                registry,
+                "--resource-group",
+                rg,
+                "--sku",
+                "Basic",
+            ),
+        ),
+        Step(
+            "Let the cluster's nodes pull from it (AcrPull for the kubelet identity)",
+            (
+                "az",
+                "aks",
+                "update",
+                "--name",
+                o.cluster,
+                "--resource-group",
+                rg,
+                "--attach-acr",
+                registry,
+            ),
+        ),
+        Step(
             "Point kubectl at the cluster",
             ("az", "aks", "get-credentials", "--resource-group", rg, "--name", o.cluster),
+        ),
+        Step(
+            "Install NVIDIA's device plugin on the GPU pool (tolerating the Spot taint), so "
+            "its nodes advertise nvidia.com/gpu",
+            ("kubectl", "apply", "-f", "-"),
+            stdin=aks_device_plugin(o),
         ),
         *_service_account_steps(
             o,
@@ -575,8 +861,11 @@ def aks_plan(o: PlanOptions) -> list[Step]:
     ]
 
 
-def render(steps: list[Step], hint: str | None = None, checks: bool = False) -> str:
-    """The plan as a shell script; ``checks`` notes the skip checks `up` runs."""
+def render(
+    steps: list[Step], hint: str | None = None, checks: bool = False, image: Sequence[str] = ()
+) -> str:
+    """The plan as a shell script; ``checks`` notes the skip checks `up` runs; ``image``
+    the commands that build and push the worker image, ``hint`` the submit command."""
     lines = []
     for n, step in enumerate(steps, 1):
         lines.append(f"# {n}. {step.what}")
@@ -586,6 +875,9 @@ def render(steps: list[Step], hint: str | None = None, checks: bool = False) -> 
             )
         lines.append(step.shell())
         lines.append("")
+    if image:
+        lines.append("# Then build the worker image and push it (from a spotbook checkout):")
+        lines.extend(f"# {line}" for line in image)
     if hint:
         lines.append("# Then run notebooks on the Spot GPU pool:")
         lines.append(f"# {hint}")
