@@ -1,5 +1,5 @@
-"""The Job manifest: valid against the Kubernetes OpenAPI schema of the current and the
-previous minor version, and the fields that decide whether a spot run survives."""
+"""The Job manifest: valid against the Kubernetes OpenAPI schema of every version from 1.29
+on that kubernetes-validate ships, and the fields that decide whether a spot run survives."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from spotbook._job_manifest import (
 
 from .conftest import cli
 
-VERSIONS = sorted(kv.all_versions(), key=lambda v: tuple(int(x) for x in v.split(".")))
+VERSIONS = sorted(set(kv.all_versions()), key=lambda v: tuple(int(x) for x in v.split(".")))
+SUPPORTED = [v for v in VERSIONS if tuple(int(x) for x in v.split("."))[:2] >= (1, 29)]
 CURRENT = VERSIONS[-1]
-PREVIOUS = next(v for v in reversed(VERSIONS) if kv.major_minor(v) != kv.major_minor(CURRENT))
 RUN = "20261129-101500-a1b2c3"
 
 
@@ -63,11 +63,25 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("version", [CURRENT, PREVIOUS])
+def test_the_supported_versions_are_all_there() -> None:
+    assert SUPPORTED[0] == "1.29.0" and len(SUPPORTED) >= 6, SUPPORTED
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
 @pytest.mark.parametrize("kw", CASES)
 def test_every_manifest_validates_strictly(kw: dict[str, Any], version: str) -> None:
     j = job(cpu="4", memory="16Gi", queue="team-a", deadline_seconds=3600, env=(("A", "1"),), **kw)
     kv.validate(j, version, strict=True)  # raises on any schema violation
+
+
+def test_a_condition_rule_without_status_is_refused_by_older_schemas() -> None:
+    """Servers default onPodConditions' status; the schemas of 1.29-1.34 (and policy
+    engines built on them) require it: the manifest says it."""
+    bad = copy.deepcopy(job())
+    bad["spec"]["podFailurePolicy"]["rules"][0]["onPodConditions"] = [{"type": "DisruptionTarget"}]
+    with pytest.raises(Exception, match="status"):
+        kv.validate(bad, "1.29.0", strict=True)
+    kv.validate(job(), "1.29.0", strict=True)
 
 
 def test_the_validator_does_reject_a_bad_manifest() -> None:
@@ -88,7 +102,10 @@ def test_failure_policy_retries_preemption_and_fails_fast_on_real_errors() -> No
     assert spec["podReplacementPolicy"] == "Failed"
     assert 1 <= spec["backoffLimit"] <= 6
     ignore, fail = spec["podFailurePolicy"]["rules"]
-    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert ignore == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
     assert fail["action"] == "FailJob"
     assert fail["onExitCodes"] == {
         "containerName": "notebook",
@@ -123,8 +140,44 @@ def test_gke_spot_gpu() -> None:
     }
     assert tol["nvidia.com/gpu"]["operator"] == "Exists"
     assert pod_spec(j)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    # GKE gives a pod ~15 s of the 30 s notice: the grace period stays inside the notice
-    assert pod_spec(j)["terminationGracePeriodSeconds"] <= 30
+    # the runner's --grace (8 s) + 6 s to save + the watchdog's 2 s
+    assert pod_spec(j)["terminationGracePeriodSeconds"] == 16
+    assert job(grace=2)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 10
+
+
+def test_a_grace_longer_than_the_providers_notice_is_refused() -> None:
+    """GKE gives a pod about 15 s of a spot reclaim: --grace 60 would be killed before it
+    saved. On-demand nodes and clusters of unknown notice take any grace."""
+    with pytest.raises(UsageError, match=r"--grace 60: .* give --grace 9 or less"):
+        job(provider="gke", grace=60)
+    job(provider="gke", grace=9)
+    job(provider="eks", grace=60)  # AWS: two minutes
+    assert (
+        pod_spec(job(provider="gke", grace=60, spot=False))["terminationGracePeriodSeconds"] == 68
+    )
+    job(provider="generic", grace=600)
+
+
+def test_the_pod_passes_pod_security_restricted() -> None:
+    """The checks of the Pod Security Standards' "restricted" profile, one by one."""
+    spec = pod_spec(job(gpu_type="nvidia-l4", gpu_count=1))
+    (c,) = spec["containers"]
+    sc, psc = c["securityContext"], spec["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and "add" not in sc["capabilities"]
+    assert True in (sc.get("runAsNonRoot"), psc.get("runAsNonRoot"))
+    assert sc.get("runAsUser", 1) != 0 and psc.get("runAsUser", 1) != 0
+    profile = (sc.get("seccompProfile") or psc.get("seccompProfile"))["type"]
+    assert profile in ("RuntimeDefault", "Localhost")
+    assert not sc.get("privileged") and "hostPath" not in json.dumps(spec["volumes"])
+    assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all(v.get("secret") or v.get("emptyDir") for v in spec["volumes"])
+
+
+def test_both_autoscalers_are_told_not_to_move_a_running_notebook() -> None:
+    annotations = job()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert annotations["karpenter.sh/do-not-disrupt"] == "true"
 
 
 def test_node_loss_is_noticed_in_a_minute() -> None:
@@ -134,12 +187,38 @@ def test_node_loss_is_noticed_in_a_minute() -> None:
 
 
 def test_eks_spot_selects_managed_groups_or_karpenter() -> None:
-    j = job(provider="eks")
-    assert [t[0] for t in terms(j)] == [
-        {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["SPOT"]},
-        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
+    """Each kind of spot node with the GPU label it carries: the plan's managed group has
+    spotbook.dev/gpu; Karpenter's nodes have instance-gpu-name, in Karpenter's spelling."""
+    j = job(provider="eks", gpu_type="nvidia-tesla-t4", gpu_count=4)
+    assert terms(j) == [
+        [
+            {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["SPOT"]},
+            {"key": "spotbook.dev/gpu", "operator": "In", "values": ["nvidia-tesla-t4"]},
+        ],
+        [
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
+            {"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "In", "values": ["t4"]},
+        ],
     ]
-    assert pod_spec(j)["terminationGracePeriodSeconds"] > 60  # AWS gives 2 minutes
+    assert "k8s.amazonaws.com/accelerator" not in json.dumps(j)  # no autoscaler knows it
+    ondemand = terms(job(provider="eks", spot=False, gpu_type="t4", gpu_count=1))
+    assert [t[-1]["key"] for t in ondemand] == [
+        "spotbook.dev/gpu",
+        "karpenter.k8s.aws/instance-gpu-name",
+    ]
+    assert all(e["operator"] == "NotIn" for t in ondemand for e in t[:-1])
+    with pytest.raises(UsageError, match="Karpenter's name"):
+        job(provider="eks", gpu_type="nvidia-tesla-p100", gpu_count=1)
+
+
+def test_generic_matches_gpu_feature_discoverys_product_names() -> None:
+    """GFD labels nodes nvidia.com/gpu.product=NVIDIA-L4 / Tesla-T4, not nvidia-l4."""
+    (term,) = terms(job(provider="generic", gpu_type="nvidia-l4", gpu_count=1))
+    assert term == [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]
+    (term,) = terms(job(provider="generic", gpu_type="t4", gpu_count=1))
+    assert term[0]["values"] == ["Tesla-T4"]
+    (term,) = terms(job(provider="generic", gpu_type="NVIDIA-H200", gpu_count=1))
+    assert term[0]["values"] == ["NVIDIA-H200"]  # unknown: taken as the label's value
 
 
 def test_aks_spot_tolerates_the_spot_taint() -> None:
@@ -147,6 +226,8 @@ def test_aks_spot_tolerates_the_spot_taint() -> None:
     assert terms(j) == [
         [{"key": "kubernetes.azure.com/scalesetpriority", "operator": "In", "values": ["spot"]}]
     ]
+    (term,) = terms(job(provider="aks", gpu_type="nvidia-tesla-t4", gpu_count=1))
+    assert term[1] == {"key": "spotbook.dev/gpu", "operator": "In", "values": ["nvidia-tesla-t4"]}
     assert tolerations(j)["kubernetes.azure.com/scalesetpriority"]["value"] == "spot"
     with_identity = job(provider="aks", service_account="spotbook-runner")
     labels = with_identity["spec"]["template"]["metadata"]["labels"]
@@ -157,6 +238,7 @@ def test_aks_spot_tolerates_the_spot_taint() -> None:
 def test_on_demand_avoids_spot_nodes_and_does_not_tolerate_them(provider: str) -> None:
     j = job(provider=provider, spot=False)
     (only,) = terms(j)
+    assert only
     assert all(e["operator"] == "NotIn" for e in only)
     spot_keys = {k for k, _ in PROVIDERS[provider].spot_taints}
     assert not spot_keys & set(tolerations(j))
@@ -245,6 +327,12 @@ def test_submit_dry_run_prints_valid_yaml_and_json(work: Path) -> None:
     manifest = yaml.safe_load(r.stdout)
     kv.validate(manifest, CURRENT, strict=True)
     assert manifest["metadata"]["namespace"] == "ml"
+    # every value written out where it applies: no YAML anchors or aliases
+    assert "&id" not in r.stdout and "*id" not in r.stdout
+    # no --memory: said, with what happens without it (and the default preemption budget)
+    assert "warning: no --memory" in r.stderr and "20 times" in r.stderr
+    r = cli(*args, "--memory", "8Gi", "--max-preemptions", "3", cwd=work)
+    assert "--memory" not in r.stderr
     r = cli(*args, "-o", "json", cwd=work)
     assert json.loads(r.stdout)["kind"] == "Job"
     assert not (work / ".spotbook").exists()  # nothing written anywhere
@@ -273,7 +361,7 @@ def test_secrets_reach_the_pod_by_reference_only() -> None:
         secret_env=(("AWS_SECRET_ACCESS_KEY", "aws-creds", "secret-key"),),
         env_from_secrets=("hf-token",),
     )
-    for version in (CURRENT, PREVIOUS):
+    for version in SUPPORTED:
         kv.validate(j, version, strict=True)
     c = pod_spec(j)["containers"][0]
     env = {e["name"]: e for e in c["env"]}

@@ -13,18 +13,24 @@ Every field that decides whether a preemptible run survives is set on purpose:
 - Tolerations and node affinity for the provider's spot and GPU labels and taints, a
   GPU limit, and short ``tolerationSeconds`` for unreachable/not-ready nodes, so a node
   that vanished without notice is given up on in about a minute instead of five.
-- ``terminationGracePeriodSeconds`` that fits the provider's notice; the runner itself
-  stops within about 10 s (its --grace plus the save budget).
+- ``terminationGracePeriodSeconds`` from the run's --grace plus the save budget and the
+  exit watchdog's margin; on spot nodes ``--grace`` is refused when the pod would need
+  more than the provider gives it of a reclaim (GKE: about 15 s).
+- A pod that passes Pod Security "restricted" (non-root, no capabilities, the runtime's
+  seccomp profile), and the annotations both autoscalers read before moving a pod
+  (the cluster autoscaler's ``safe-to-evict``, Karpenter's ``do-not-disrupt``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _gpus as gpus
 from ._errors import UsageError
-from ._models import EXIT_CODES_FAIL_JOB
+from ._models import EXIT_CODES_FAIL_JOB, EXIT_MARGIN, SAVE_BUDGET, Limits
 
 CONTAINER = "notebook"
 LABEL_RUN = "spotbook.dev/run-id"
@@ -36,6 +42,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 NODE_GONE_SECONDS = 60  # default is 300: a dead node's pod waits 5 min to be replaced
 DEFAULT_TTL = 7 * 24 * 3600
 DEFAULT_BACKOFF = 3
+# Submitted runs stop after this many preemptions unless --max-preemptions says otherwise:
+# DisruptionTarget also marks node-pressure evictions, which a notebook that exhausts its
+# node's memory meets again on every fresh node.
+DEFAULT_MAX_PREEMPTIONS = 20
 # The run key (see _integrity): a Secret that `submit` creates or reuses, mounted as a
 # file the runner reads; never an environment variable the notebook could see.
 DEFAULT_KEY_SECRET = "spotbook-run-key"
@@ -48,58 +58,66 @@ class Provider:
     """Where a provider puts spot nodes and GPU types (labels and taints)."""
 
     name: str
-    # node labels that mark spot capacity: any one of them is enough (OR)
-    spot_labels: tuple[tuple[str, str], ...]
+    # (label, value) marking spot capacity, and the label that names the GPU type on
+    # those nodes: a node matching any one pair will do (node selector terms are ORed)
+    spot_kinds: tuple[tuple[str, str, str], ...]
     # taints spot nodes carry that the pod must tolerate
     spot_taints: tuple[tuple[str, str], ...]
-    gpu_type_label: str | None  # node label whose value is the GPU type
-    grace_seconds: int  # terminationGracePeriodSeconds: what the notice allows
+    gpu_type_label: str  # where no spot kind says: the node label naming the GPU type
+    pod_notice: int | None  # seconds a pod gets of a spot reclaim (None: unknown)
     notice: str
 
 
 PROVIDERS: dict[str, Provider] = {
     "gke": Provider(
         "gke",
-        spot_labels=(
-            ("cloud.google.com/gke-spot", "true"),
-            ("cloud.google.com/gke-preemptible", "true"),
+        spot_kinds=(
+            ("cloud.google.com/gke-spot", "true", gpus.LABEL_GKE_ACCELERATOR),
+            ("cloud.google.com/gke-preemptible", "true", gpus.LABEL_GKE_ACCELERATOR),
         ),
         spot_taints=(
             ("cloud.google.com/gke-spot", "true"),
             ("cloud.google.com/gke-preemptible", "true"),
         ),
-        gpu_type_label="cloud.google.com/gke-accelerator",
-        grace_seconds=25,
-        notice="30 s notice; GKE gives a pod about 15 s of it",
+        gpu_type_label=gpus.LABEL_GKE_ACCELERATOR,
+        pod_notice=15,
+        notice="30 s notice; GKE's graceful node shutdown gives a pod about 15 s of it",
     ),
     "eks": Provider(
         "eks",
-        spot_labels=(
-            ("eks.amazonaws.com/capacityType", "SPOT"),
-            ("karpenter.sh/capacity-type", "spot"),
+        spot_kinds=(
+            # managed node groups: the plan labels the group with spotbook's GPU label
+            ("eks.amazonaws.com/capacityType", "SPOT", gpus.LABEL_SPOTBOOK_GPU),
+            ("karpenter.sh/capacity-type", "spot", gpus.LABEL_KARPENTER_GPU),
         ),
         spot_taints=(),
-        gpu_type_label="k8s.amazonaws.com/accelerator",
-        grace_seconds=90,
+        gpu_type_label=gpus.LABEL_SPOTBOOK_GPU,
+        pod_notice=120,
         notice="2 min notice",
     ),
     "aks": Provider(
         "aks",
-        spot_labels=(("kubernetes.azure.com/scalesetpriority", "spot"),),
+        spot_kinds=(("kubernetes.azure.com/scalesetpriority", "spot", gpus.LABEL_SPOTBOOK_GPU),),
         spot_taints=(("kubernetes.azure.com/scalesetpriority", "spot"),),
-        gpu_type_label="nvidia.com/gpu.product",
-        grace_seconds=25,
+        gpu_type_label=gpus.LABEL_SPOTBOOK_GPU,
+        pod_notice=30,
         notice="at least 30 s notice",
     ),
     "generic": Provider(
         "generic",
-        spot_labels=(),
+        spot_kinds=(),
         spot_taints=(),
-        gpu_type_label="nvidia.com/gpu.product",
-        grace_seconds=30,
+        gpu_type_label=gpus.LABEL_GFD_PRODUCT,
+        pod_notice=None,
         notice="unknown notice",
     ),
 }
+
+
+def stop_seconds(grace: float) -> int:
+    """How long a runner with this --grace may take to stop after SIGTERM: the cell's
+    grace, the save budget and the exit watchdog's margin."""
+    return math.ceil(grace + SAVE_BUDGET + EXIT_MARGIN)
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,7 @@ class JobOptions:
     ttl_seconds: int | None = DEFAULT_TTL
     deadline_seconds: int | None = None
     backoff_limit: int = DEFAULT_BACKOFF
+    grace: float = Limits().grace  # the run's --grace
     source: str = ""
     extra_labels: dict[str, str] = field(default_factory=dict)
 
@@ -149,6 +168,16 @@ class JobOptions:
             raise UsageError(f"--key-secret {self.key_secret!r} is not a valid Secret name")
         if self.queue is not None and not _LABEL_VALUE.match(self.queue):
             raise UsageError(f"--queue {self.queue!r} is not a valid Kueue queue name")
+        provider = PROVIDERS[self.provider]
+        notice = provider.pod_notice
+        if self.spot and notice is not None and self.grace + SAVE_BUDGET > notice:
+            most = max(notice - SAVE_BUDGET, 0)
+            raise UsageError(
+                f"--grace {self.grace:g}: on {self.provider.upper()} spot nodes a pod gets "
+                f"about {notice} s of a reclaim ({provider.notice}), and after the grace "
+                f"spotbook needs up to {SAVE_BUDGET:g} s to save: the pod would be killed "
+                f"before it saved; give --grace {most:g} or less"
+            )
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -231,18 +260,32 @@ def parse_secret_env(items: list[str]) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
+def gpu_label_values(label: str, gpu_type: str) -> list[str]:
+    """What a node label says for this GPU type: each autoscaler spells it its own way."""
+    if label == gpus.LABEL_KARPENTER_GPU:
+        return [gpus.karpenter_name(gpu_type)]
+    if label == gpus.LABEL_GFD_PRODUCT:
+        return gpus.products(gpu_type)
+    return [gpus.canonical(gpu_type)]
+
+
 def _affinity(opts: JobOptions, provider: Provider) -> dict[str, Any] | None:
-    common: list[dict[str, Any]] = []
-    if opts.gpu_type and provider.gpu_type_label:
-        common.append({"key": provider.gpu_type_label, "operator": "In", "values": [opts.gpu_type]})
+    def gpu(label: str) -> list[dict[str, Any]]:
+        if not opts.gpu_type:
+            return []
+        return [{"key": label, "operator": "In", "values": gpu_label_values(label, opts.gpu_type)}]
+
+    kinds = provider.spot_kinds
     if opts.spot:
-        # one term per spot label: a node matching any of them will do (terms are ORed)
-        terms = [
-            [{"key": k, "operator": "In", "values": [v]}, *common] for k, v in provider.spot_labels
-        ] or ([common] if common else [])
+        # one term per kind of spot node: a node matching any of them will do
+        terms = [[{"key": k, "operator": "In", "values": [v]}, *gpu(g)] for k, v, g in kinds]
+        if not terms and opts.gpu_type:
+            terms = [gpu(provider.gpu_type_label)]
     else:
-        avoid = [{"key": k, "operator": "NotIn", "values": [v]} for k, v in provider.spot_labels]
-        terms = [[*avoid, *common]] if avoid or common else []
+        avoid = [{"key": k, "operator": "NotIn", "values": [v]} for k, v, _ in kinds]
+        labels = list(dict.fromkeys(g for _, _, g in kinds)) or [provider.gpu_type_label]
+        terms = [[*avoid, *gpu(g)] for g in labels] if opts.gpu_type else [avoid]
+        terms = [t for t in terms if t]
     if not terms:
         return None
     return {
@@ -323,7 +366,14 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         "image": opts.image,
         "command": ["spotbook", "worker"],
         "env": env,
-        "securityContext": {"allowPrivilegeEscalation": False},
+        # Pod Security "restricted": the image must run as a non-root (numeric) user, as
+        # spotbook's images do (USER 1000)
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     if opts.env_from_secrets:
         container["envFrom"] = [{"secretRef": {"name": s}} for s in opts.env_from_secrets]
@@ -336,7 +386,8 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": provider.grace_seconds,
+        "terminationGracePeriodSeconds": stop_seconds(opts.grace),
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "tolerations": _tolerations(opts, provider),
     }
@@ -365,7 +416,12 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         "podFailurePolicy": {
             "rules": [
                 # first match wins: a disrupted pod is never held against the run
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                # (status is defaulted by servers, but not by validators and policy
+                # engines, which then reject the rule)
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
                 {
                     "action": "FailJob",
                     "onExitCodes": {
@@ -379,8 +435,12 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         "template": {
             "metadata": {
                 "labels": pod_labels,
-                # the autoscaler must not move a running notebook to save a node
-                "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"},
+                # autoscalers must not move a running notebook to save a node: the
+                # cluster autoscaler reads the first, Karpenter the second
+                "annotations": {
+                    "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                    "karpenter.sh/do-not-disrupt": "true",
+                },
             },
             "spec": pod_spec,
         },

@@ -175,6 +175,15 @@ class RunSpec:
         )
 
 
+# After a termination notice: how long saving (a snapshot in progress, or one last
+# snapshot) may take, counted from the end of --grace. GKE gives a pod ~15 s of its
+# 30 s notice: the default grace plus this fits.
+SAVE_BUDGET = 6.0
+# Past grace plus the save budget, something below spotbook is stuck (a store that does
+# not answer, a client library's own retries): the exit watchdog ends the process this
+# long after that, keeping what was committed.
+EXIT_MARGIN = 2.0
+
 # Exit codes: DESIGN.md's contract between the runner and the Job controller.
 EXIT_OK = 0
 EXIT_CELL_ERROR = 1  # a cell raised: it will fail again

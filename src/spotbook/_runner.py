@@ -54,7 +54,7 @@ from ._executor import (
 )
 from ._fidelity import FidelityReport
 from ._integrity import make_private_dirs
-from ._models import Clock, Outcome, RunSpec, RunStatus, SnapshotMode
+from ._models import EXIT_MARGIN, SAVE_BUDGET, Clock, Outcome, RunSpec, RunStatus, SnapshotMode
 from ._resume import ResumePlan, plan_resume
 from ._store import CellKey, RunStore
 
@@ -64,13 +64,6 @@ _KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 _EXIT_OK = {"", "0", "None"}
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
 _TRANSFERS = 8  # object stores: concurrent blob transfers
-# After a termination notice: how long saving (a snapshot in progress, or one last
-# snapshot) may take, counted from the notice. GKE gives a pod ~15 s; exit within 10.
-SAVE_BUDGET = 6.0
-# Past grace plus the save budget, something below spotbook is stuck (a store that does
-# not answer, a client library's own retries): the exit watchdog ends the process this
-# long after that, keeping what was committed.
-EXIT_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
