@@ -435,3 +435,44 @@ def test_worker_in_a_pod_without_the_run_key_says_how(work: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "SPOTBOOK_RUN_DIR": f"file://{work}/x"}
     r = cli("worker", cwd=work, env=env)
     assert r.returncode == 2 and "kubectl create secret generic" in r.stderr, r.stderr
+
+
+def test_a_pod_stuck_terminating_on_a_dead_node_is_named_and_recovered(
+    work: Path, kube: FakeKube
+) -> None:
+    """The node died without a graceful shutdown: its pod stays Terminating (only its
+    kubelet could confirm it stopped), and with podReplacementPolicy Failed no replacement
+    starts. `status` says so with the remedy; `recover` deletes the pod with grace 0."""
+    rd = f"file://{work}/runs/stuck"
+    assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
+    run_id = RunStore(rd).require_run()["spec"]["run_id"]
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "gke-spot-9"},
+        "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+    }
+    kube.put("nodes", node)
+    gone = "2026-01-01T00:00:00Z"  # its deletion (plus its grace) is long past
+    stuck = pod("p1", run_id, "Running", node="gke-spot-9")
+    stuck["metadata"].update(deletionTimestamp=gone, deletionGracePeriodSeconds=16)
+    kube.put("pods", stuck)
+    r = cli("status", rd, cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    assert "cluster  stuck" in r.stdout and "not Ready" in r.stdout, r.stdout
+    assert "spotbook recover RUN" in r.stdout and "out-of-service" in r.stdout
+    doc = json.loads(cli("status", rd, "--json", cwd=work, env=kube.env).stdout)
+    assert doc["cluster"]["state"] == "stuck"
+    # a Terminating pod on a Ready node is only terminating: recover leaves it alone
+    node["status"]["conditions"][0]["status"] = "True"
+    kube.put("nodes", node)
+    r = cli("recover", rd, cwd=work, env=kube.env)
+    assert r.returncode == 0 and "no stuck pod" in r.stderr, r.stderr
+    assert any("pods/p1" in q for q in kube.state()["requests"]) is False
+    node["status"]["conditions"][0]["status"] = "Unknown"
+    kube.put("nodes", node)
+    r = cli("recover", rd, cwd=work, env=kube.env)
+    assert r.returncode == 0 and "deleted pod p1" in r.stderr, r.stderr
+    deletes = [q for q in kube.state()["requests"] if q.startswith("DELETE ") and "/pods/p1" in q]
+    assert len(deletes) == 1 and "gracePeriodSeconds=0" in deletes[0], deletes
+    assert "pods/default/p1" not in kube.state()["objects"]

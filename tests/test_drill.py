@@ -165,15 +165,31 @@ def test_cluster_drill_maintenance_prints_the_gcloud_command(work: Path, kube: F
                 "name": "gke-spot-1",
                 "labels": {"topology.kubernetes.io/zone": "us-central1-b"},
             },
+            "spec": {"providerID": "gce://my-proj/us-central1-b/gke-spot-1"},
         },
     )
     kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
     r = cli("drill", rd, "--how", "maintenance", cwd=work, env=kube.env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == (
-        "gcloud compute instances simulate-maintenance-event gke-spot-1 --zone=us-central1-b"
+        "gcloud compute instances simulate-maintenance-event gke-spot-1 --zone=us-central1-b "
+        "--project=my-proj"
     )
     assert kube.state()["evictions"] == []
+    # an EKS node has no maintenance event to simulate: said, and nothing is printed to run
+    kube.put(
+        "nodes",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "ip-10-0-1-5"},
+            "spec": {"providerID": "aws:///us-west-2a/i-0abc"},
+        },
+    )
+    kube.put("pods", pod("p1", run_id, "Running", node="ip-10-0-1-5"))
+    r = cli("drill", rd, "--how", "maintenance", cwd=work, env=kube.env)
+    assert r.returncode == 2 and "GKE only" in r.stderr and "--how evict" in r.stderr
+    assert r.stdout == ""
     kube.put(
         "pods", pod("p1", run_id, "Succeeded", node="gke-spot-1", containerStatuses=terminated(0))
     )

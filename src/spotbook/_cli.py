@@ -126,7 +126,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with auto: also snapshot after this much compute",
     )
-    s.add_argument("--max-preemptions", type=int, metavar="N")
+    s.add_argument(
+        "--max-preemptions",
+        type=int,
+        metavar="N",
+        help="stop with exit 5 after N preemptions (submit: default 20)",
+    )
     s.add_argument(
         "--strict-resume",
         action="store_true",
@@ -243,6 +248,7 @@ def _add_submit_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_plan_flags(p: argparse.ArgumentParser, provider: str) -> None:
     from ._cloud_plans import KSA_DEFAULT
+    from ._gpus import DEFAULT_GPU
 
     if provider == "gke":
         p.add_argument("--project", help="Google Cloud project")
@@ -255,14 +261,29 @@ def _add_plan_flags(p: argparse.ArgumentParser, provider: str) -> None:
         p.add_argument("--resource-group", dest="project", help="Azure resource group")
         p.add_argument("--location", help="Azure region, e.g. eastus")
     p.add_argument("--cluster", default="spotbook", help="cluster name (default spotbook)")
-    default_gpu = {"gke": "nvidia-l4", "eks": "nvidia-l4", "aks": "nvidia-tesla-t4"}[provider]
+    default_gpu = DEFAULT_GPU[provider]
     p.add_argument(
         "--gpu",
         default=default_gpu,
         metavar="TYPE[:COUNT]",
-        help=f"GPU type and count per node (default {default_gpu})",
+        help=f"GPU type and count per node (default {default_gpu}; COUNT alone keeps it)",
     )
-    p.add_argument("--machine-type", help="GPU node machine type (default: one for the GPU)")
+    p.add_argument(
+        "--machine-type",
+        help="GPU node machine type (default: the one that carries COUNT of the GPU type)",
+    )
+    if provider == "gke":
+        p.add_argument(
+            "--node-locations",
+            metavar="ZONE[,ZONE...]",
+            help="regional clusters: the zones the GPU pool uses (zones that offer the GPU)",
+        )
+    p.add_argument(
+        "--registry",
+        metavar="NAME",
+        help="the image repository the plan creates (default spotbook; on AKS the "
+        "registry's name, default made from --cluster and --bucket)",
+    )
     p.add_argument("--system-machine-type", help="system pool machine type")
     p.add_argument("--max-nodes", type=int, default=4, help="GPU pool autoscaling limit")
     p.add_argument("--bucket", help="bucket (storage account on AKS) for run stores")
@@ -337,6 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
     cn = sub.add_parser("cancel", help="stop a submitted run: delete its Job (progress is kept)")
     cn.add_argument("run", metavar="RUN", help="run id or run store URL")
     _add_cluster_flags(cn)
+    rc = sub.add_parser(
+        "recover",
+        help="a submitted run whose pod is stuck Terminating on a dead node: delete that "
+        "pod (grace 0) so the Job starts a replacement",
+    )
+    rc.add_argument("run", metavar="RUN", help="run id or run store URL")
+    _add_cluster_flags(rc)
     dr = sub.add_parser(
         "drill",
         help="preempt a running run on purpose and report how it recovered",
@@ -574,6 +602,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from ._integrity import load_key
     from ._job_manifest import (
         DEFAULT_KEY_SECRET,
+        DEFAULT_MAX_PREEMPTIONS,
         JobOptions,
         build_job,
         parse_duration,
@@ -598,6 +627,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if args.prepare_only:
         raise UsageError("--prepare-only does not apply to submit; use --dry-run to see the Job")
     gpu_type, gpu_count = parse_gpu(args.gpu)
+    if args.max_preemptions is None:
+        args.max_preemptions = DEFAULT_MAX_PREEMPTIONS
     job_kwargs: dict[str, Any] = {
         "run_dir": args.run_dir.rstrip("/"),
         "image": args.image,
@@ -616,6 +647,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         "ttl_seconds": parse_duration(args.ttl, "--ttl"),
         "deadline_seconds": parse_duration(args.deadline, "--deadline") if args.deadline else None,
         "backoff_limit": args.backoff_limit,
+        "grace": _limits(args).grace,
         "source": args.input,
     }
     if args.backoff_limit < 0:
@@ -626,6 +658,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             "text (anyone who can read Jobs, and the cluster's audit log, sees it); keep it "
             "in a Kubernetes Secret and pass --secret-env "
             f"{name}=SECRET:KEY or --env-from-secret SECRET",
+            file=sys.stderr,
+        )
+    if not args.memory:
+        print(
+            "spotbook: warning: no --memory: a notebook that runs out of its node's memory "
+            "is evicted, which counts as a preemption, and runs again on a fresh node (up "
+            f"to --max-preemptions, {args.max_preemptions} times); give --memory, e.g. 16Gi",
             file=sys.stderr,
         )
     if args.dry_run:
@@ -679,7 +718,12 @@ def _print_manifest(manifest: dict[str, Any], fmt: str) -> None:
     else:
         import yaml
 
-        print(yaml.safe_dump(manifest, sort_keys=False), end="")
+        class _NoAliases(yaml.SafeDumper):
+            # a reviewer reads each value where it applies, not an anchor (&id001)
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        print(yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False), end="")
 
 
 def _follow(cluster: Any, store: RunStore, run_id: str) -> int:
@@ -689,7 +733,7 @@ def _follow(cluster: Any, store: RunStore, run_id: str) -> int:
         print(f"spotbook: {line}", file=sys.stderr, flush=True)
 
     code = follow(
-        lambda: job_view(cluster.get_job(run_id), cluster.pods(run_id)),
+        lambda: job_view(cluster.get_job(run_id), cluster.pods(run_id), cluster.node_ready),
         lambda: cluster.watch_job(run_id),
         say,
     )
@@ -707,7 +751,7 @@ def _cluster_view(args: argparse.Namespace, cluster: Any = None) -> ClusterView:
     def view(run_id: str, record: dict[str, Any]) -> dict[str, Any]:
         try:
             client = cluster or _cluster_for(args, record)
-            return job_view(client.get_job(run_id), client.pods(run_id))
+            return job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
         except (ClusterError, UsageError) as exc:
             return {"error": str(exc)}
 
@@ -766,6 +810,30 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         f"way out, and {store.url} keeps everything done so far",
         file=sys.stderr,
     )
+    return 0
+
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    from ._jobs import describe_pod, pod_view
+
+    store = _open_run(args)
+    run_id = store.require_run()["spec"]["run_id"]
+    cluster = _cluster_for(args, _job_record(store))
+    views = [pod_view(p, cluster.node_ready) for p in cluster.pods(run_id)]
+    stuck = [v for v in views if v["state"] == "stuck"]
+    if not stuck:
+        states = "; ".join(describe_pod(v) for v in views) or "no pods"
+        print(f"spotbook: run {run_id} has no stuck pod ({states}); nothing done", file=sys.stderr)
+        return 0
+    for v in stuck:
+        # The old attempt cannot write once a new one claims the run (the store's fence),
+        # so forgetting a pod whose node died is safe even if that node comes back.
+        cluster.force_delete_pod(v["name"])
+        print(
+            f"spotbook: deleted pod {v['name']} (stuck Terminating on {v['node']}, not "
+            "Ready) with grace 0; the Job starts a replacement, which resumes the run",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -984,7 +1052,7 @@ def _drill_local(
     import signal
     import socket
 
-    from ._runner import SAVE_BUDGET
+    from ._models import SAVE_BUDGET
     from ._status import alive
 
     current = attempts[-1] if attempts else {}
@@ -1045,14 +1113,26 @@ def _drill_cluster(cluster: Any, run_id: str, args: argparse.Namespace) -> None:
         cluster.evict(pod["name"])
         _say(f"evicted pod {pod['name']} on {pod['node']} through the Eviction API")
         return
-    zone = cluster.node_zone(pod["node"]) or "ZONE"
+    # GKE nodes are Compute Engine instances: spec.providerID is gce://PROJECT/ZONE/NAME
+    where = cluster.provider_id(pod["node"])
+    if not where.startswith("gce://"):
+        kind = where.split(":", 1)[0] or "unknown"
+        raise UsageError(
+            f"--how maintenance simulates a Compute Engine maintenance event, which exists on "
+            f"GKE only; node {pod['node']} is an {kind!r} node: use --how evict"
+        )
+    parts = where[len("gce://") :].split("/")
+    if len(parts) != 3 or not all(parts):
+        raise UsageError(f"node {pod['node']}: unexpected providerID {where!r}")
+    project, zone, instance = parts
     cmd = [
         "gcloud",
         "compute",
         "instances",
         "simulate-maintenance-event",
-        pod["node"],
+        instance,
         f"--zone={zone}",
+        f"--project={project}",
     ]
     print(shlex.join(cmd))
     if not args.yes:
@@ -1119,12 +1199,15 @@ def _cmd_cluster_plan(args: argparse.Namespace) -> int:
     from ._job_manifest import parse_gpu
 
     gpu, count = parse_gpu(args.gpu)
+    zones = getattr(args, "node_locations", None) or ""
     opts = plans.PlanOptions(
         cluster=args.cluster,
         location=args.location or "",
         project=getattr(args, "project", None) or "",
-        gpu=gpu or plans.PlanOptions().gpu,
+        gpu=gpu or "",
         gpu_count=count or 1,
+        node_locations=tuple(z.strip() for z in zones.split(",") if z.strip()),
+        registry=args.registry or "",
         machine_type=args.machine_type,
         system_machine_type=args.system_machine_type,
         max_nodes=args.max_nodes,
@@ -1139,12 +1222,12 @@ def _cmd_cluster_plan(args: argparse.Namespace) -> int:
         steps = {"gke": plans.gke_plan, "eks": plans.eks_plan, "aks": plans.aks_plan}[provider](
             opts
         )
-    scheme = {"gke": "gs", "eks": "s3", "aks": "az"}[provider]
-    hint = None if args.verb == "down" else plans.submit_hint(opts, provider, scheme)
+    hint = None if args.verb == "down" else plans.submit_hint(opts, provider)
+    image = [] if args.verb == "down" else plans.image_hint(opts, provider)
     if args.output_format == "json":
         print(plans.to_json(steps))
     else:
-        print(plans.render(steps, hint, checks=provider == "gke"), end="")
+        print(plans.render(steps, hint, checks=provider == "gke", image=image), end="")
     if args.verb == "plan":
         return 0
     return _run_plan(steps, args)
@@ -1152,6 +1235,8 @@ def _cmd_cluster_plan(args: argparse.Namespace) -> int:
 
 def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
     import subprocess
+
+    from . import _cloud_plans as plans
 
     todo = list(enumerate(steps, 1))[args.start - 1 :]
     if not todo:
@@ -1173,8 +1258,11 @@ def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
                 flush=True,
             )
             continue
+        # a "$(...)" argument is a lookup the shell does, as in the printed plan
+        lookup = any("$(" in a for a in step.argv)
+        argv = ["bash", "-c", plans.shell_join(step.argv)] if lookup else list(step.argv)
         try:
-            proc = subprocess.run(list(step.argv), input=step.stdin, text=True, check=False)
+            proc = subprocess.run(argv, input=step.stdin, text=True, check=False)
             code = proc.returncode
         except FileNotFoundError:
             code = 127
@@ -1212,6 +1300,7 @@ COMMANDS = {
     "submit": _cmd_submit,
     "logs": _cmd_logs,
     "cancel": _cmd_cancel,
+    "recover": _cmd_recover,
     "drill": _cmd_drill,
     "gke": _cmd_cluster_plan,
     "eks": _cmd_cluster_plan,

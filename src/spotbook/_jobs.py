@@ -7,6 +7,7 @@ loop; the cluster calls are in ``_kube`` and the manifest in ``_job_manifest``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import queue
 import threading
 import time
@@ -35,8 +36,45 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
-    """One pod as status shows it: pending / running / preempted / stopped / failed / ..."""
+# A pod whose deletion is this far past its grace, on a node that is not Ready, is stuck:
+# only the node's kubelet can confirm it stopped.
+STUCK_AFTER = 30
+
+
+def _stuck(pod: dict[str, Any], node_ready: Callable[[str], bool] | None, now: float) -> str:
+    """Why a Terminating pod is stuck, or ""."""
+    meta, node = pod["metadata"], (pod.get("spec") or {}).get("nodeName")
+    gone_at = _epoch(meta.get("deletionTimestamp"))  # the deletion time plus the grace
+    if node_ready is None or not node or gone_at is None or now < gone_at + STUCK_AFTER:
+        return ""
+    if node_ready(node):
+        return ""
+    return (
+        f"stuck Terminating for {now - gone_at:.0f} s past its grace on node {node}, which is "
+        "not Ready: only that node's kubelet can confirm the pod stopped, and the Job starts "
+        "no replacement until then (podReplacementPolicy: Failed). `spotbook recover RUN` "
+        "deletes it with grace 0 (safe: the run store's fence refuses the old attempt if "
+        "the node comes back); or, if the node is shut down for good, taint it "
+        "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+    )
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def pod_view(
+    pod: dict[str, Any],
+    node_ready: Callable[[str], bool] | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """One pod as status shows it: pending / running / preempted / stopped / failed / ...
+    With ``node_ready`` a Terminating pod on a dead node shows as ``stuck``."""
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
     term = _terminated(pod)
@@ -68,6 +106,9 @@ def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
             )
     elif phase == "Running":
         view["state"] = "terminating" if pod["metadata"].get("deletionTimestamp") else "running"
+        why = _stuck(pod, node_ready, time.time() if now is None else now)
+        if why:
+            view["state"], view["reason"] = "stuck", why
     elif phase == "Succeeded":
         view["state"] = "succeeded"
     elif disrupted:
@@ -82,9 +123,13 @@ def pod_view(pod: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def job_view(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> dict[str, Any]:
+def job_view(
+    job: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    node_ready: Callable[[str], bool] | None = None,
+) -> dict[str, Any]:
     """The Job's state, merged from its conditions and its pods."""
-    views = [pod_view(p) for p in pods]
+    views = [pod_view(p, node_ready) for p in pods]
     out: dict[str, Any] = {"pods": views}
     if job is None:
         out["state"] = "gone"
@@ -111,6 +156,9 @@ def job_view(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> dict[str
         )
     elif views and views[-1]["state"] == "running":
         out["state"] = "running"
+    elif views and views[-1]["state"] == "stuck":
+        out["state"] = "stuck"
+        out["reason"] = f"pod {views[-1]['name']} {views[-1]['reason']}"
     elif interrupted or any(v["state"] == "failed" for v in views):
         out["state"] = "retrying"
     else:

@@ -249,16 +249,41 @@ class Cluster:
             retry=False,
         )
 
-    def node_zone(self, node: str) -> str | None:
-        """The zone label of a node (for GKE's simulate-maintenance-event)."""
+    def force_delete_pod(self, pod: str) -> None:
+        """Delete a pod with grace 0: the API forgets it without waiting for its kubelet
+        (a node that died cannot confirm the pod stopped)."""
+        from lightkube.resources.core_v1 import Pod
+
+        self._call(
+            f"delete pod {pod}",
+            lambda: self.client.delete(Pod, pod, namespace=self.namespace, grace_period=0),
+            retry=False,
+        )
+
+    def node_ready(self, node: str) -> bool:
+        """Whether a node reports Ready (a node that is gone is not)."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        def get() -> bool:
+            try:
+                obj = self.client.get(Node, node)
+            except ApiError as exc:
+                if exc.status.code == 404:
+                    return False
+                raise
+            conditions = (obj.status.conditions if obj.status else None) or []
+            return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+        return self._call(f"get node {node}", get)
+
+    def provider_id(self, node: str) -> str:
+        """A node's spec.providerID: ``gce://PROJECT/ZONE/INSTANCE``, ``aws:///ZONE/ID``,
+        ``azure:///subscriptions/...``."""
         from lightkube.resources.core_v1 import Node
 
         obj = self._call(f"get node {node}", lambda: self.client.get(Node, node))
-        labels = (obj.metadata.labels if obj.metadata else None) or {}
-        zone: str | None = labels.get("topology.kubernetes.io/zone") or labels.get(
-            "failure-domain.beta.kubernetes.io/zone"
-        )
-        return zone
+        return str((obj.spec.providerID if obj.spec else None) or "")
 
     def logs(self, pod: str, follow: bool = False) -> Iterator[str]:
         import httpx2 as httpx
