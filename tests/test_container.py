@@ -62,6 +62,62 @@ def test_recipe_runs_the_worker_as_a_non_root_user(recipe: Path) -> None:
                 assert (ROOT / src).exists(), f"{recipe.name} copies missing {src}"
 
 
+LOCK = ROOT / "docker" / "spotbook-requirements.txt"
+# what `python3` is on the CUDA base images' distributions
+DISTRO_PYTHON = {"ubuntu24.04": "3.12", "ubuntu22.04": "3.10"}
+
+
+def _defaults(recipe: Path) -> dict[str, str]:
+    return {
+        k: v
+        for op, arg in _instructions(recipe)
+        if op == "ARG" and "=" in arg
+        for k, v in [arg.split("=", 1)]
+    }
+
+
+def test_both_images_run_the_same_python() -> None:
+    cpu = _defaults(RECIPES[0])["BASE"]
+    cuda = _defaults(RECIPES[1])["CUDA_IMAGE"]
+    assert cpu.startswith("python:")
+    assert cpu.split(":")[1].split("-")[0] == DISTRO_PYTHON[cuda.rsplit("-", 1)[1]]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_dependencies_are_pinned_and_installed_before_the_source(recipe: Path) -> None:
+    """A source change rebuilds one layer; every build of a commit gets the same
+    libraries, the azure backend included (an AKS run needs adlfs)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in ("gcs", "s3", "azure"):
+        wanted += project["optional-dependencies"][extra]
+    pins = dict(
+        line.split("==") for line in LOCK.read_text().splitlines() if not line.startswith("#")
+    )
+    for req in wanted:
+        name = req.split(">")[0].split("=")[0].split("[")[0].strip().lower().replace("_", "-")
+        assert name in pins or name.replace("-", "_") in pins, f"{name} is not pinned"
+    steps = _instructions(recipe)
+    copies = [arg for op, arg in steps if op == "COPY"]
+    lock_at = next(i for i, a in enumerate(copies) if "spotbook-requirements.txt" in a)
+    src_at = next(i for i, a in enumerate(copies) if a.startswith("src "))
+    assert lock_at < src_at
+    runs = " ".join(arg for op, arg in steps if op == "RUN")
+    assert "--no-deps /opt/spotbook" in runs and "[${EXTRAS}]" not in runs
+
+
+def test_the_build_context_leaves_out_runs_and_environments() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", ".spotbook", ".cache"} <= ignored
+    assert not {"src", "docker", "pyproject.toml", "README.md"} & ignored
+
+
 def _docker_engine() -> bool:
     if shutil.which("docker") is None:
         return False
