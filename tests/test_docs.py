@@ -22,7 +22,7 @@ def _commands(prefix: str) -> list[list[str]]:
     for block in re.findall(r"```\n(.*?)```", text, flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
-            line = line.split("#", 1)[0].strip()
+            line = line.split("#", 1)[0].split(" > ", 1)[0].strip()  # no redirection
             if line.startswith(prefix):
                 out.append(shlex.split(line))
     return out
@@ -34,7 +34,8 @@ SETUPS = [c for c in PLANS if len(c) > 2 and c[2] == "plan"]
 
 
 def test_the_page_has_commands_to_check() -> None:
-    assert len(SUBMITS) >= 4 and len(SETUPS) == 3
+    assert len(SUBMITS) >= 4 and {c[1] for c in SETUPS} == {"gke", "eks", "aks"}
+    assert any("--recover" in c or c[1] == "recover" for c in PLANS)
 
 
 @pytest.mark.parametrize("argv", SETUPS, ids=lambda a: a[1])
