@@ -19,6 +19,17 @@ if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
   fi
   npm install --prefix .cache/node --silent --no-audit --no-fund azurite@3 >/dev/null
 fi
+# podman, runc and debootstrap for the container tests (tests/test_podman.py): rootful,
+# where this script runs as root on a Debian-like machine; elsewhere those tests say why
+# they do not run
+if ! command -v podman >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq podman runc debootstrap >/dev/null
+  else
+    echo "note: no podman (needs root and apt-get to install); the container tests skip"
+  fi
+fi
 echo "== ruff ($(date +%T))"; ruff check src tests bench; ruff format --check src tests bench
 echo "== mypy"; mypy
 echo "== pytest ($(date +%T))"; python -m pytest "$@"

@@ -1,0 +1,314 @@
+"""The worker image, built and preempted for real with podman (rootful, as CI runs).
+
+No container registry is reachable here, so the base is made locally: `debootstrap`
+(Debian's minimal bookworm with python3, from this machine's own apt mirror) imported
+with `podman import`, and cached under .cache/containers/. The CPU image is built from
+the checkout on that base (docker/Dockerfile's BASE argument) and run against the S3
+server on loopback (host network), through the fault proxy. What the kubelet does to a
+pod is done to the container: `podman stop -t N` (SIGTERM, SIGKILL after N s) and
+`podman kill -s KILL`; a new container then resumes the run.
+
+podman runs here with runc and cgroupfs, and without default ulimits (this machine may not
+set them): tests/containers.conf, given to podman with CONTAINERS_CONF.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotbook import __version__
+
+from .conftest import cli, comparable, wait_for, write_notebook
+from .servers import Storage
+
+ROOT = Path(__file__).parent.parent
+CONF = Path(__file__).parent / "containers.conf"
+CACHE = ROOT / ".cache" / "containers"
+BASE = "localhost/spotbook-base:bookworm"
+IMAGE = "localhost/spotbook:test"
+KEY_IN_POD = "/var/run/secrets/spotbook/key"
+CA = "/etc/ssl/certs/ca-certificates.crt"
+
+pytestmark = [pytest.mark.container, pytest.mark.slow]
+
+
+def podman(
+    *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        ["podman", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CONTAINERS_CONF": str(CONF)},
+        timeout=timeout,
+        check=False,
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)}: exit {r.returncode}\n{r.stderr[-2000:]}")
+    return r
+
+
+def _podman_works() -> str:
+    """Why podman cannot run containers here, or ""."""
+    if shutil.which("podman") is None:
+        return "podman is not installed (scripts/check.sh installs it where it runs as root)"
+    if os.geteuid() != 0:
+        return "the container tests use rootful podman"
+    r = podman("info", check=False, timeout=120)
+    return "" if r.returncode == 0 else f"`podman info` fails: {r.stderr.strip()[-300:]}"
+
+
+def _apt_mirror() -> str:
+    """This machine's Debian mirror, from its own apt sources."""
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        for line in path.read_text().splitlines():
+            if line.startswith("URIs:") and "security" not in line:
+                return line.split()[1]
+    for line in Path("/etc/apt/sources.list").read_text().splitlines():
+        if line.startswith("deb ") and "security" not in line:
+            return line.split()[1]
+    raise AssertionError("no Debian mirror in /etc/apt sources for debootstrap")
+
+
+def _base_image() -> None:
+    """The local base (Debian bookworm minbase with python3 and venv), made once."""
+    if podman("image", "exists", BASE, check=False).returncode == 0:
+        return
+    cached = CACHE / "base-bookworm.tar"
+    if cached.exists():
+        podman("load", "-i", str(cached))
+        return
+    assert shutil.which("debootstrap"), "debootstrap is installed by scripts/check.sh"
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                "--include=python3,python3-venv,ca-certificates",
+                "bookworm",
+                str(rootfs),
+                _apt_mirror(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+        archive = Path(tmp) / "rootfs.tar"
+        with tarfile.open(archive, "w") as tar:
+            tar.add(rootfs, arcname=".")
+        podman("import", str(archive), BASE)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    podman("save", "-o", str(cached), BASE)
+
+
+@pytest.fixture(scope="session")
+def image() -> dict[str, Any]:
+    """The CPU worker image built from this checkout; its build time and size."""
+    why = _podman_works()
+    if why:
+        pytest.skip(f"opt-in: {why}")
+    _base_image()
+    t0 = time.monotonic()
+    podman(
+        "build",
+        "--network",
+        "host",
+        "-v",
+        f"{CA}:{CA}:ro",  # pip inside the build reaches the package index over TLS
+        "--build-arg",
+        f"BASE={BASE}",
+        "-f",
+        "docker/Dockerfile",
+        "-t",
+        IMAGE,
+        str(ROOT),
+        timeout=1800,
+    )
+    took = time.monotonic() - t0
+    size = int(podman("image", "inspect", IMAGE, "--format", "{{.Size}}").stdout.strip())
+    print(f"\ncontainer image: built in {took:.1f} s, {size / 1e6:.0f} MB")
+    return {"build_seconds": took, "size": size}
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    """This machine's run key as a pod gets it: a read-only file from a Secret."""
+    from spotbook._integrity import load_key
+
+    load_key()  # made on first use, in the session's config dir (conftest)
+    path = tmp_path / "key"
+    shutil.copy(Path(os.environ["SPOTBOOK_CONFIG_DIR"]) / "key", path)
+    path.chmod(0o444)
+    return path
+
+
+def _run_args(
+    name: str, st: Storage, key: Path, *env: str, extra: tuple[str, ...] = ()
+) -> list[str]:
+    args = ["run", "--name", name, "--network", "host", "-v", f"{key}:{KEY_IN_POD}:ro"]
+    args += ["-e", f"SPOTBOOK_SNAPSHOT_KEY_FILE={KEY_IN_POD}"]
+    for k, v in {**st.env, **dict(e.split("=", 1) for e in env)}.items():
+        args += ["-e", f"{k}={v}"]
+    return [*args, *extra, IMAGE]
+
+
+def _status(rd: str, st: Storage, work: Path) -> dict[str, Any]:
+    r = cli("status", rd, "--json", cwd=work, env=st.env)
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+# Cell 2 waits until its container has GO set: the first container never does, so it is
+# stopped or killed there, with cells 0 and 1 committed; the next one goes on.
+CELLS = (
+    "import random\nrandom.seed(7)\nxs = [random.random() for _ in range(5)]",
+    "total = sum(xs)\nprint(round(total, 6))",
+    "import os, time\nwhile not os.environ.get('GO'):\n    time.sleep(0.05)\nprint(len(xs))",
+    "print(round(total * 2, 6), random.random())",
+)
+
+
+@pytest.fixture
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    where = tmp_path_factory.mktemp("ref")
+    write_notebook(where / "nb.ipynb", *CELLS)
+    r = cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=where, env={"GO": "1"})
+    assert r.returncode == 0, r.stderr
+    return comparable(json.loads((where / "out.ipynb").read_text()))
+
+
+@pytest.fixture
+def prepared(tmp_path: Path, storages: dict[str, Storage]) -> Iterator[tuple[str, Storage]]:
+    st = storages["s3"]
+    write_notebook(tmp_path / "nb.ipynb", *CELLS)
+    rd = f"{st.bucket()}/rd"
+    r = cli(
+        "run",
+        "nb.ipynb",
+        "--run-dir",
+        rd,
+        "--snapshot",
+        "every-cell",
+        "--grace",
+        "1",
+        "--prepare-only",
+        cwd=tmp_path,
+        env=st.env,
+    )
+    assert r.returncode == 0, r.stderr
+    yield rd, st
+
+
+def _committed(rd: str) -> int:
+    from spotbook._store import RunStore
+
+    return len(RunStore(rd).cell_records())
+
+
+def _output(rd: str) -> list[Any]:
+    from spotbook._store import RunStore
+
+    raw = RunStore(rd).read("output.ipynb")
+    assert raw is not None
+    return comparable(json.loads(raw))
+
+
+def test_the_image_runs_the_worker_as_a_non_root_user(image: dict[str, Any]) -> None:
+    version = podman("run", "--rm", "--entrypoint", "spotbook", IMAGE, "--version").stdout
+    assert __version__ in version
+    assert podman("run", "--rm", "--entrypoint", "id", IMAGE, "-u").stdout.strip() == "1000"
+    entry = podman("image", "inspect", IMAGE, "--format", "{{json .Config.Entrypoint}}").stdout
+    assert json.loads(entry) == ["spotbook", "worker"]
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_stopped_or_killed_container_is_resumed_by_the_next(
+    image: dict[str, Any],
+    prepared: tuple[str, Storage],
+    key_file: Path,
+    reference: list[Any],
+    tmp_path: Path,
+    how: str,
+) -> None:
+    """`podman stop -t 10`: SIGTERM, the cell's grace, progress saved, exit 75; `podman
+    kill -s KILL`: no notice. Either way a new container resumes to the same notebook."""
+    rd, st = prepared
+    name = f"sb-{how}-{os.getpid()}"
+    podman(*_run_args(name, st, key_file, f"SPOTBOOK_RUN_DIR={rd}", extra=("-d",)))
+
+    def progressed() -> bool:
+        state = podman("inspect", name, "--format", "{{.State.Status}}").stdout.strip()
+        assert state == "running", podman("logs", name).stderr[-2000:]
+        return _committed(rd) >= 2
+
+    try:
+        wait_for(progressed, timeout=300, what="cells 0 and 1 in the store")
+        if how == "stop":
+            t0 = time.monotonic()
+            podman("stop", "-t", "10", name, timeout=120)
+            took = time.monotonic() - t0
+            print(f"\npodman stop to exit: {took:.2f} s")
+            code = int(podman("inspect", name, "--format", "{{.State.ExitCode}}").stdout)
+            assert code == 75, podman("logs", name).stderr[-2000:]
+            assert _status(rd, st, tmp_path)["attempts"][0]["outcome"] == "preempted"
+        else:
+            podman("kill", "-s", "KILL", name)
+            podman("wait", name, check=False)
+    finally:
+        podman("rm", "-f", name, check=False)
+    again = f"{name}-2"
+    env = (f"SPOTBOOK_RUN_DIR={rd}", "GO=1")
+    r = podman(*_run_args(again, st, key_file, *env, extra=("--rm",)), check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _output(rd) == reference
+    doc = _status(rd, st, tmp_path)
+    assert doc["status"] == "succeeded" and doc["attempts"][1]["resumed_from"] >= 2
+
+
+def test_the_classic_variables_end_to_end(
+    image: dict[str, Any], storages: dict[str, Storage], key_file: Path, tmp_path: Path
+) -> None:
+    """BUCKET_NAME / DOWNLOAD_FILE_PATH / UPLOAD_FILE_PATH, the recipe spotbook grew from."""
+    st = storages["s3"]
+    bucket = st.bucket()
+    write_notebook(tmp_path / "nb.ipynb", "x = 6 * 7", "print(x)")
+    from spotbook._store import read_url, write_url
+
+    write_url(f"{bucket}/in/nb.ipynb", (tmp_path / "nb.ipynb").read_bytes())
+    env = (
+        f"BUCKET_NAME={bucket.split('://')[1]}",
+        "SPOTBOOK_STORAGE_SCHEME=s3",
+        "DOWNLOAD_FILE_PATH=in/nb.ipynb",
+        "UPLOAD_FILE_PATH=out/nb.ipynb",
+    )
+    r = podman(
+        *_run_args(f"sb-classic-{os.getpid()}", st, key_file, *env, extra=("--rm",)), check=False
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(read_url(f"{bucket}/out/nb.ipynb"))
+    assert "42" in json.dumps(out["cells"][1]["outputs"])
+
+
+def test_a_read_only_root_filesystem_with_a_writable_tmp(
+    image: dict[str, Any], prepared: tuple[str, Storage], key_file: Path
+) -> None:
+    """What a restricted pod may get (readOnlyRootFilesystem, an emptyDir on /tmp)."""
+    rd, st = prepared
+    extra = ("--rm", "--read-only", "--tmpfs", "/tmp")
+    env = (f"SPOTBOOK_RUN_DIR={rd}", "GO=1")
+    r = podman(*_run_args(f"sb-ro-{os.getpid()}", st, key_file, *env, extra=extra), check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _committed(rd) == len(CELLS)
