@@ -44,7 +44,7 @@ STUCK_AFTER = 30
 def _stuck(pod: dict[str, Any], node_ready: Callable[[str], bool] | None, now: float) -> str:
     """Why a Terminating pod is stuck, or ""."""
     meta, node = pod["metadata"], (pod.get("spec") or {}).get("nodeName")
-    gone_at = _epoch(meta.get("deletionTimestamp"))  # the deletion time plus the grace
+    gone_at = epoch(meta.get("deletionTimestamp"))  # the deletion time plus the grace
     if node_ready is None or not node or gone_at is None or now < gone_at + STUCK_AFTER:
         return ""
     if node_ready(node):
@@ -59,7 +59,8 @@ def _stuck(pod: dict[str, Any], node_ready: Callable[[str], bool] | None, now: f
     )
 
 
-def _epoch(stamp: str | None) -> float | None:
+def epoch(stamp: str | None) -> float | None:
+    """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), or None."""
     if not stamp:
         return None
     try:

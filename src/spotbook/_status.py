@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import os
 import socket
@@ -10,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _notebook as nbs
-from ._jobs import CANCELLED, JOB_RECORD
+from ._jobs import CANCELLED, JOB_RECORD, epoch
 from ._models import Outcome, RunSpec, RunStatus
 from ._store import LOCAL_RUNS, RunStore
 
@@ -147,16 +146,6 @@ def _r(x: float) -> float:
     return round(x, 3)
 
 
-def _epoch(stamp: str | None) -> float | None:
-    """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), or None."""
-    if not stamp:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def downtime(
     attempts: list[dict[str, Any]],
     records: dict[int, dict[str, Any]],
@@ -193,7 +182,7 @@ def downtime(
         t2 = max(float(b.get("process_started") or b["started"]), t1)
         t3 = max(float(b["started"]) + float(b.get("kernel_start_seconds") or 0.0), t2)
         t4 = max(float(b.get("resumed_at") or t3), t3)
-        bound = _epoch((scheduled or {}).get(str(b.get("pod") or "")))
+        bound = epoch((scheduled or {}).get(str(b.get("pod") or "")))
         # the API server's clock and second resolution: keep it inside its stretch
         ts = None if bound is None else min(max(bound, t1), t2)
         events.append(
