@@ -60,8 +60,8 @@ def test_parameters_flags_and_store(work: Path) -> None:
     assert "Traceback" not in r.stderr
     out = load(work / "out.ipynb")
     src = _injected(out)
-    assert "alpha = 2\n" in src and "flag = True\n" in src and "opt = '7'" in src
-    assert "items = [1, 2]" in src and "name = 'from-yaml'" in src
+    assert "alpha = 2\n" in src and "flag = True\n" in src and 'opt = "7"' in src
+    assert "items = [1, 2]" in src and 'name = "from-yaml"' in src
     texts = _texts(out)
     assert "2 from-yaml True [1, 2] 7" in texts
     assert "sub\n" in texts  # --cwd

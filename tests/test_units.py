@@ -98,6 +98,27 @@ def test_rendered_parameters_evaluate_back() -> None:
     assert {k: ns[k] for k in params} == params
 
 
+def test_parameters_are_written_as_papermill_writes_them() -> None:
+    """The injected cell is the text papermill's Python translator gives (double quotes,
+    escapes), so output notebooks diff the same; spotbook renders on its own."""
+    from papermill.translators import PythonTranslator
+
+    params = {
+        "msg": "Hello",
+        "quote": 'it\'s "q"\n\\x',
+        "accent": "café",
+        "empty": "",
+        "nested": {"k": [1.5, None, True], "s": "v"},
+        "nan": float("nan"),
+        "ninf": float("-inf"),
+        "n": -3,
+        "f": 0.1,
+        "flag": False,
+        "none": None,
+    }
+    assert render_python(params) == PythonTranslator.codify(params)
+
+
 def _nb(path: str) -> nbs.Notebook:
     return nbs.parse((NOTEBOOKS / path).read_bytes(), path)
 

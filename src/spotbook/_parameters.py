@@ -104,13 +104,23 @@ def check_name(name: str) -> None:
         )
 
 
+def _string(text: str) -> str:
+    """A Python string literal written as papermill writes one: double quotes, with
+    backslashes, control and non-ASCII characters escaped (so the cell diffs the same)."""
+    escaped = text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
 def render_literal(value: Any) -> str:
-    """Python source for a parameter value (papermill's types: scalars, lists, dicts)."""
+    """Python source for a parameter value (papermill's types: scalars, lists, dicts),
+    spelled as papermill's Python translator spells it."""
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return f"float({str(value)!r})"
         return repr(value)
-    if value is None or isinstance(value, bool | int | str):
+    if isinstance(value, str):
+        return _string(value)
+    if value is None or isinstance(value, bool | int):
         return repr(value)
     if isinstance(value, Mapping):
         items = ", ".join(f"{render_literal(k)}: {render_literal(v)}" for k, v in value.items())
@@ -118,7 +128,7 @@ def render_literal(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(render_literal(v) for v in value) + "]"
     # Dates and other YAML scalars: their string form, as papermill does.
-    return repr(str(value))
+    return _string(str(value))
 
 
 def render_python(params: Mapping[str, Any]) -> str:
