@@ -124,6 +124,42 @@ def test_execute_notebook_raises_the_cell_error(tmp_path: Path) -> None:
     assert (tmp_path / "o.ipynb").exists()
 
 
+def test_a_papermill_user_catches_papermills_error(tmp_path: Path) -> None:
+    """`except PapermillExecutionError` keeps working after switching the import, with
+    papermill's attributes; the error still pickles (multiprocessing pools)."""
+    import pickle
+
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError) as info:
+        spotbook.execute_notebook(
+            str(NOTEBOOKS / "error.ipynb"), str(tmp_path / "o.ipynb"), run_dir=str(tmp_path / "rd")
+        )
+    err = info.value
+    assert isinstance(err, spotbook.CellExecutionError)
+    assert (err.cell_index, err.ename, err.exec_count) == (1, "ValueError", 2)
+    assert "raise ValueError" in err.source
+    assert any("ValueError" in line for line in err.traceback)
+    assert str(err).startswith("cell 1 (In [2]) raised ValueError")
+    again = pickle.loads(pickle.dumps(err))
+    assert isinstance(again, PapermillExecutionError) and again.traceback == err.traceback
+
+
+def test_without_papermill_loaded_the_error_has_the_same_attributes(tmp_path: Path) -> None:
+    """spotbook never imports papermill itself (it takes most of a second)."""
+    code = (
+        "import sys, spotbook\n"
+        "try:\n"
+        f"    spotbook.execute_notebook({str(NOTEBOOKS / 'error.ipynb')!r}, None,"
+        f" run_dir={str(tmp_path / 'rd')!r})\n"
+        "except spotbook.CellExecutionError as e:\n"
+        "    print(e.ename, e.exec_count, bool(e.traceback), 'papermill' in sys.modules,"
+        " [c.__module__ for c in type(e).__mro__ if 'papermill' in c.__module__])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.stdout.split() == ["ValueError", "2", "True", "False", "[]"], r.stderr
+
+
 def test_execute_notebook_rejects_unknown_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="engine_kwarg"):
         spotbook.execute_notebook("x.ipynb", None, engine_kwarg=1)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _notebook as nbs
-from ._errors import InputChangedError, UsageError
+from ._errors import CellExecutionError, InputChangedError, UsageError, papermill_compatible
 from ._executor import check_kernel
 from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
@@ -143,12 +143,16 @@ def prepare_run(
 
 def _run_sync(runner: Runner) -> RunResult:
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return runner.run()
-    # Called from a running loop (e.g. inside Jupyter): run in a thread of our own.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(runner.run).result()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return runner.run()
+        # Called from a running loop (e.g. inside Jupyter): run in a thread of our own.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(runner.run).result()
+    except CellExecutionError as exc:
+        # papermill's users catch PapermillExecutionError: raise one where they can
+        raise papermill_compatible(exc) from exc.__cause__
 
 
 def execute_notebook(

@@ -29,6 +29,7 @@ Only the CLI maps these to exit codes (``_cli.EXIT_CODES``); the library raises.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
@@ -97,13 +98,26 @@ class CellError(SpotbookError):
 
 
 class CellExecutionError(CellError):
-    """A cell raised an exception."""
+    """A cell raised an exception. Carries what papermill's PapermillExecutionError
+    carries (``cell_index``, ``exec_count``, ``source``, ``ename``, ``evalue``,
+    ``traceback``); the Python API raises it as one where papermill is loaded
+    (:func:`papermill_compatible`)."""
 
     def __init__(
-        self, *, cell_index: int, execution_count: int | None, ename: str, evalue: str
+        self,
+        *,
+        cell_index: int,
+        execution_count: int | None,
+        ename: str,
+        evalue: str,
+        source: str = "",
+        traceback: list[str] | None = None,
     ) -> None:
         self.ename = ename
         self.evalue = evalue
+        self.exec_count = execution_count
+        self.source = source
+        self.traceback = list(traceback or [])
         where = f"cell {cell_index}" + (
             f" (In [{execution_count}])" if execution_count is not None else ""
         )
@@ -112,6 +126,44 @@ class CellExecutionError(CellError):
             cell_index=cell_index,
             execution_count=execution_count,
         )
+
+    def __str__(self) -> str:  # ours, also where papermill's class follows in the MRO
+        return str(self.args[0]) if self.args else ""
+
+
+_COMPAT: dict[type[BaseException], type[CellExecutionError]] = {}
+
+
+def papermill_compatible(err: CellExecutionError) -> CellExecutionError:
+    """``err``, also an instance of papermill's PapermillExecutionError when papermill is
+    loaded (code that catches papermill's class imported papermill first), so a
+    papermill user's ``except PapermillExecutionError`` keeps working; spotbook never
+    imports papermill itself (it takes most of a second)."""
+    module = sys.modules.get("papermill.exceptions")
+    base = getattr(module, "PapermillExecutionError", None)
+    if base is None or isinstance(err, base):
+        return err
+    cls = _COMPAT.get(base)
+    if cls is None:
+        cls = _COMPAT[base] = type(
+            "CellExecutionError",
+            (CellExecutionError, base),
+            {"__module__": __name__, "__reduce__": _compat_reduce},
+        )
+    out = cls.__new__(cls)
+    Exception.__init__(out, *err.args)
+    out.__dict__.update(err.__dict__)
+    return out
+
+
+def _compat_reduce(self: CellExecutionError) -> tuple[Any, ...]:
+    return (_rebuild_compat, (self.args, dict(self.__dict__)))
+
+
+def _rebuild_compat(args: tuple[Any, ...], attrs: dict[str, Any]) -> CellExecutionError:
+    plain = _rebuild(CellExecutionError, args, attrs)
+    assert isinstance(plain, CellExecutionError)
+    return papermill_compatible(plain)
 
 
 class KernelDiedError(CellError):

@@ -49,7 +49,7 @@ class CellResult:
     outputs: list[Any]
     execution_count: int | None
     metadata: dict[str, Any]
-    error: dict[str, str] | None = None
+    error: dict[str, Any] | None = None  # ename, evalue, traceback (a list of lines)
     allowed_error: bool = False
     reply: dict[str, Any] = field(default_factory=dict)
 
@@ -228,13 +228,18 @@ class KernelSession:
         error = None
         if content.get("status") == "error":
             ename, evalue = content.get("ename"), content.get("evalue")
-            if ename in (None, "NoneType"):
+            traceback = content.get("traceback")
+            shown = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            if ename in (None, "NoneType") and shown:
                 # An error raised while IPython displayed the result (a broken __repr__)
                 # leaves the reply without a name; the cell's error output has it.
-                shown = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-                if shown:
-                    ename, evalue = shown[-1].get("ename"), shown[-1].get("evalue")
-            error = {"ename": str(ename or "Error"), "evalue": str(evalue or "")}
+                ename, evalue = shown[-1].get("ename"), shown[-1].get("evalue")
+                traceback = shown[-1].get("traceback")
+            error = {
+                "ename": str(ename or "Error"),
+                "evalue": str(evalue or ""),
+                "traceback": [str(line) for line in traceback or []],
+            }
         return CellResult(
             outputs=list(cell.get("outputs", [])),
             execution_count=cell.get("execution_count"),

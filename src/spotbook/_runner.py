@@ -666,6 +666,8 @@ class Runner:
                     execution_count=result.execution_count,
                     ename=result.error["ename"],
                     evalue=result.error["evalue"],
+                    source=str(self.nb.cells[index].source),
+                    traceback=result.error.get("traceback"),
                 )
             if status == "exited":
                 log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
@@ -703,7 +705,8 @@ class Runner:
             "duration": round(duration, 6),
         }
         if result.error:
-            rec["error"] = result.error
+            # the traceback is in the cell's outputs already
+            rec["error"] = {k: v for k, v in result.error.items() if k != "traceback"}
         if index in self._spilled:
             rec["spilled"] = self._spilled.pop(index)
         noted = _cell_effects(result.reply)
