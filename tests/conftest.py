@@ -130,6 +130,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # tester's ~/.config (every subprocess inherits this).
     if "SPOTBOOK_CONFIG_DIR" not in os.environ:
         os.environ["SPOTBOOK_CONFIG_DIR"] = tempfile.mkdtemp(prefix="spotbook-config-")
+    # the run stores of execute_notebook calls without run_dir: not the tester's ~/.cache
+    if "SPOTBOOK_CACHE_DIR" not in os.environ:
+        os.environ["SPOTBOOK_CACHE_DIR"] = tempfile.mkdtemp(prefix="spotbook-cache-")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,18 @@ def test_execute_notebook_is_a_drop_in(tmp_path: Path) -> None:
     texts = json.dumps([c.get("outputs") for c in nb.cells])
     assert "7 api False [1] None" in texts
     assert load(out)["metadata"]["spotbook"]["run_id"] == nb.metadata.spotbook.run_id
+
+
+def test_a_library_call_leaves_no_folder_in_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """papermill writes only the output notebook: without run_dir the run store goes in
+    the user's cache ($SPOTBOOK_CACHE_DIR here), not the working directory."""
+    monkeypatch.chdir(tmp_path)
+    nb = spotbook.execute_notebook(str(NOTEBOOKS / "params.ipynb"), "o.ipynb")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.ipynb"]
+    store = Path(os.environ["SPOTBOOK_CACHE_DIR"]) / "runs" / nb.metadata.spotbook.run_id
+    assert (store / "run.json").exists() and (store / "output.ipynb").exists()
 
 
 def test_execute_notebook_raises_the_cell_error(tmp_path: Path) -> None:

@@ -21,7 +21,15 @@ from ._executor import check_kernel
 from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
 from ._runner import Runner, RunnerOptions, RunResult
-from ._store import RunStore, check_writable, is_url, new_run_id, read_url, resolve_run
+from ._store import (
+    RunStore,
+    check_writable,
+    is_url,
+    library_runs_dir,
+    new_run_id,
+    read_url,
+    resolve_run,
+)
 
 # papermill arguments that have no meaning here (progress is always saved cheaply)
 _PAPERMILL_NO_OPS = frozenset(
@@ -49,13 +57,15 @@ def prepare_run(
     strict_resume: bool = False,
     key: Key | None = None,
     here: bool = True,
+    runs_dir: str | None = None,
 ) -> RunStore:
     """Freeze the parameterised notebook into a run store (or reopen a matching one).
 
     The run is sealed with ``key`` (default: this machine's, see ``_integrity``).
     ``here``: the run will execute on this machine, so its kernel must be installed here
-    (``submit`` passes False: the kernel is in the image). Bad input of every kind is
-    refused before anything is written.
+    (``submit`` passes False: the kernel is in the image). Without ``run_dir`` the store
+    is ``runs_dir/<run id>`` (default: ``.spotbook/runs`` here). Bad input of every kind
+    is refused before anything is written.
     """
     params = dict(parameters or {})
     source = _abs(input_path) or input_path
@@ -68,7 +78,10 @@ def prepare_run(
     if here:
         check_kernel(nbs.kernel_name(nb, kernel_name))
     run_id = new_run_id()
-    url = _abs(run_dir) if run_dir else resolve_run(run_id)
+    if run_dir:
+        url = _abs(run_dir)
+    else:
+        url = os.path.join(runs_dir, run_id) if runs_dir else resolve_run(run_id)
     assert url is not None
     store = RunStore(url)
     spec = RunSpec(
@@ -178,8 +191,11 @@ def execute_notebook(
 
     Progress is committed to the run store after every cell, and a run killed
     part-way is resumed by calling this again with the same ``run_dir`` (or
-    ``spotbook resume``). Raises :class:`spotbook.CellExecutionError` when a
-    cell fails, after writing the output notebook with the failure marked.
+    ``spotbook resume``). Without ``run_dir`` the store goes in the user's cache
+    (``_store.library_runs_dir``), never the working directory. Raises
+    :class:`spotbook.CellExecutionError` when a cell fails, after writing the output
+    notebook with the failure marked (also a papermill ``PapermillExecutionError`` where
+    papermill is loaded).
     """
     unknown = set(papermill_kwargs) - _PAPERMILL_NO_OPS
     if unknown:
@@ -200,6 +216,7 @@ def execute_notebook(
         run_dir=run_dir,
         restart=restart,
         strict_resume=strict_resume,
+        runs_dir=None if run_dir else library_runs_dir(),
     )
     if prepare_only:
         data = store.read("input.ipynb")

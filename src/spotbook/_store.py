@@ -147,6 +147,20 @@ def is_url(text: str) -> bool:
     return "://" in text
 
 
+CACHE_ENV = "SPOTBOOK_CACHE_DIR"
+
+
+def library_runs_dir() -> str:
+    """Where ``execute_notebook`` keeps run stores when given no ``run_dir``: the user's
+    cache (``$SPOTBOOK_CACHE_DIR/runs``, else ``$XDG_CACHE_HOME/spotbook/runs``, else
+    ``~/.cache/spotbook/runs``), so a papermill user who switches the import finds no
+    new folder in the project."""
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spotbook"
+    )
+    return os.path.join(base, "runs")
+
+
 def resolve_run(run: str, base: str = ".") -> str:
     """A run id or URL/path to the run store's URL."""
     if is_url(run):
