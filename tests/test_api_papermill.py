@@ -173,6 +173,49 @@ def test_without_papermill_loaded_the_error_has_the_same_attributes(tmp_path: Pa
     assert r.stdout.split() == ["ValueError", "2", "True", "False", "[]"], r.stderr
 
 
+def test_papermills_kinds_of_arguments(tmp_path: Path) -> None:
+    """Path and NotebookNode inputs, papermill's positional order, report_mode, the
+    stdout/stderr files; engine and language values spotbook cannot honour are refused."""
+    import io
+
+    import nbformat
+
+    out = tmp_path / "o.ipynb"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    nb = spotbook.execute_notebook(
+        NOTEBOOKS / "params.ipynb",  # a Path
+        out,
+        {"alpha": 3},
+        "nbclient",  # engine_name, in papermill's positional order
+        True,
+        False,
+        "python3",
+        "python",
+        False,
+        False,
+        stdout,
+        stderr,
+        60,
+        True,  # report_mode
+        tmp_path,  # cwd, a Path
+        run_dir=str(tmp_path / "rd"),
+    )
+    assert "3 default False [1] None" in stdout.getvalue()
+    assert load(out)["metadata"]["spotbook"]["run_id"] == nb.metadata.spotbook.run_id
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.metadata["jupyter"]["source_hidden"] is True for c in code)
+    node = nbformat.read(str(NOTEBOOKS / "params.ipynb"), as_version=4)
+    again = spotbook.execute_notebook(
+        node, None, {"alpha": 4}, run_dir=str(tmp_path / "rd2"), stdout_file=stdout
+    )
+    assert "4 default False [1] None" in stdout.getvalue()
+    assert again.metadata.spotbook.run_id != nb.metadata.spotbook.run_id
+    with pytest.raises(spotbook.UsageError, match="engine_name 'dask'"):
+        spotbook.execute_notebook(node, None, engine_name="dask")
+    with pytest.raises(spotbook.UsageError, match="language 'R'"):
+        spotbook.execute_notebook(node, None, language="R")
+
+
 def test_execute_notebook_rejects_unknown_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="engine_kwarg"):
         spotbook.execute_notebook("x.ipynb", None, engine_kwarg=1)

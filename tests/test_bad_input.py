@@ -237,7 +237,7 @@ def test_parameters_papermill_takes_reach_the_notebook(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "out.ipynb").read_text())
     injected = "".join(out["cells"][1]["source"])
-    assert "d = '2024-01-01'" in injected
+    assert 'd = "2024-01-01"' in injected
     assert "'2024-01-01' 0.1" in "".join(out["cells"][2]["outputs"][0]["text"])
 
 

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import _notebook as nbs
@@ -31,10 +31,10 @@ from ._store import (
     resolve_run,
 )
 
-# papermill arguments that have no meaning here (progress is always saved cheaply)
-_PAPERMILL_NO_OPS = frozenset(
-    {"engine_name", "request_save_on_cell_execute", "autosave_cell_every", "report_mode"}
-)
+# papermill engine arguments that have no meaning here (progress is always saved)
+_PAPERMILL_NO_OPS = frozenset({"autosave_cell_every"})
+# engine_name values that mean spotbook's own engine (nbclient runs the cells)
+_ENGINES = (None, "nbclient", "spotbook")
 
 
 def _abs(path: str | None) -> str | None:
@@ -43,9 +43,27 @@ def _abs(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
+def _input(input_path: Any) -> tuple[str, bytes]:
+    """(where, bytes) of papermill's kinds of input: a path or URL (str or Path), or a
+    notebook object (NotebookNode)."""
+    if isinstance(input_path, Mapping):
+        return "<NotebookNode>", json.dumps(input_path).encode()
+    if isinstance(input_path, os.PathLike):
+        input_path = os.fspath(input_path)
+    if not isinstance(input_path, str):
+        raise UsageError(
+            f"input_path must be a path, a URL or a notebook, not {type(input_path).__name__}"
+        )
+    return input_path, read_url(input_path)
+
+
+def _path(value: Any) -> str | None:
+    return None if value is None else str(os.fspath(value))
+
+
 def prepare_run(
-    input_path: str,
-    output_path: str | None = None,
+    input_path: Any,
+    output_path: str | os.PathLike[str] | None = None,
     *,
     parameters: Mapping[str, Any] | None = None,
     kernel_name: str | None = None,
@@ -58,19 +76,28 @@ def prepare_run(
     key: Key | None = None,
     here: bool = True,
     runs_dir: str | None = None,
+    report_mode: bool = False,
 ) -> RunStore:
     """Freeze the parameterised notebook into a run store (or reopen a matching one).
 
     The run is sealed with ``key`` (default: this machine's, see ``_integrity``).
     ``here``: the run will execute on this machine, so its kernel must be installed here
     (``submit`` passes False: the kernel is in the image). Without ``run_dir`` the store
-    is ``runs_dir/<run id>`` (default: ``.spotbook/runs`` here). Bad input of every kind
-    is refused before anything is written.
+    is ``runs_dir/<run id>`` (default: ``.spotbook/runs`` here). ``report_mode`` hides
+    the code cells' input, as papermill's does. Bad input of every kind is refused
+    before anything is written.
     """
     params = dict(parameters or {})
-    source = _abs(input_path) or input_path
-    nb = nbs.parse(read_url(input_path), repr(input_path))
+    where, data = _input(input_path)
+    output_path = _path(output_path)
+    source = _abs(where) if where != "<NotebookNode>" else where
+    assert source is not None
+    nb = nbs.parse(data, repr(where))
     nb = nbs.inject_parameters(nb, params)
+    if report_mode:
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
     if output_path:
         check_writable(output_path)
     if cwd is not None and not os.path.isdir(cwd):
@@ -169,17 +196,23 @@ def _run_sync(runner: Runner) -> RunResult:
 
 
 def execute_notebook(
-    input_path: str,
-    output_path: str | None,
+    input_path: Any,
+    output_path: str | os.PathLike[str] | None,
     parameters: Mapping[str, Any] | None = None,
-    *,
-    kernel_name: str | None = None,
-    cwd: str | None = None,
-    log_output: bool = False,
-    progress_bar: bool = False,
-    start_timeout: float = 60,
-    execution_timeout: float | None = None,
+    engine_name: str | None = None,
+    request_save_on_cell_execute: bool = True,
     prepare_only: bool = False,
+    kernel_name: str | None = None,
+    language: str | None = None,
+    progress_bar: bool = True,
+    log_output: bool = False,
+    stdout_file: Any = None,
+    stderr_file: Any = None,
+    start_timeout: float = 60,
+    report_mode: bool = False,
+    cwd: str | os.PathLike[str] | None = None,
+    *,
+    execution_timeout: float | None = None,
     timeout: float | None = None,
     run_dir: str | None = None,
     snapshot: str = "auto",
@@ -200,13 +233,25 @@ def execute_notebook(
     unknown = set(papermill_kwargs) - _PAPERMILL_NO_OPS
     if unknown:
         raise TypeError(f"execute_notebook() got unexpected arguments: {sorted(unknown)}")
-    del progress_bar  # the library never prints; the CLI draws the progress bar
+    if engine_name not in _ENGINES:
+        raise UsageError(
+            f"engine_name {engine_name!r}: spotbook runs notebooks with its own engine "
+            "(nbclient underneath); leave it out or give 'nbclient'"
+        )
+    if language not in (None, "python"):
+        raise UsageError(
+            f"language {language!r}: spotbook writes parameters for Python kernels only"
+        )
+    # the library never prints (the CLI draws the progress bar); every cell's progress
+    # is saved to the run store whatever request_save_on_cell_execute says
+    del progress_bar, request_save_on_cell_execute
     store = prepare_run(
         input_path,
         output_path,
         parameters=parameters,
         kernel_name=kernel_name,
-        cwd=cwd,
+        cwd=_path(cwd),
+        report_mode=report_mode,
         limits=Limits(
             execution_timeout=execution_timeout,
             run_timeout=timeout,
@@ -221,16 +266,36 @@ def execute_notebook(
     if prepare_only:
         data = store.read("input.ipynb")
         assert data is not None
-        if output_path:
+        if output_path is not None:
             from ._store import write_url
 
-            write_url(output_path, data)
+            write_url(os.fspath(output_path), data)
         return nbs.parse(data, "input.ipynb")
-    on_output = _log_output if log_output else None
+    on_output = _outputs_to(log_output, stdout_file, stderr_file)
     _run_sync(Runner(store, RunnerOptions(on_output=on_output, handle_signals=False)))
     data = store.read("output.ipynb")
     assert data is not None
     return nbs.parse(data, "output.ipynb")
+
+
+def _outputs_to(
+    log: bool, stdout_file: Any, stderr_file: Any
+) -> Callable[[str, dict[str, Any]], None] | None:
+    """As papermill: streams to ``stdout_file``/``stderr_file`` (file objects) as they
+    come, and everything to the log with ``log_output``."""
+    if not (log or stdout_file or stderr_file):
+        return None
+
+    def on_output(kind: str, content: dict[str, Any]) -> None:
+        if log:
+            _log_output(kind, content)
+        if kind == "stream":
+            to = stdout_file if content.get("name") == "stdout" else stderr_file
+            if to is not None:
+                to.write(str(content.get("text", "")))
+                to.flush()
+
+    return on_output
 
 
 def _log_output(kind: str, content: dict[str, Any]) -> None:
