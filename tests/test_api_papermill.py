@@ -100,6 +100,27 @@ def test_failure_marked_like_papermill_marks_it(tmp_path: Path) -> None:
     ]
     assert sb["metadata"]["papermill"]["exception"] is True
 
+    # the banner and the anchor before the failing cell, as papermill writes them
+    def markers(nb: dict) -> list[tuple[int, str]]:
+        return [
+            (i, "".join(c["source"]).split("</span>")[0])
+            for i, c in enumerate(nb["cells"])
+            if "papermill-error-cell-tag" in c["metadata"].get("tags", [])
+        ]
+
+    assert markers(sb) == markers(pm)
+    # the metadata papermill's readers use, with the same keys and kinds of value
+    assert set(sb["metadata"]["papermill"]) >= set(pm["metadata"]["papermill"])
+    for key in ("start_time", "end_time", "duration", "input_path"):
+        assert type(sb["metadata"]["papermill"][key]) is type(pm["metadata"]["papermill"][key])
+    assert [
+        c["metadata"]["papermill"]["status"] for c in sb["cells"] if "papermill" in c["metadata"]
+    ] == [c["metadata"]["papermill"]["status"] for c in pm["cells"] if "papermill" in c["metadata"]]
+    # a stale banner in the input is removed, not kept beside the new one
+    again = cli("run", "sb.ipynb", "sb2.ipynb", cwd=tmp_path)
+    assert again.returncode == 1
+    assert markers(load(tmp_path / "sb2.ipynb")) == markers(pm)
+
 
 def test_execute_notebook_is_a_drop_in(tmp_path: Path) -> None:
     out = tmp_path / "o.ipynb"

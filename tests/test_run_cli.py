@@ -125,8 +125,11 @@ def test_failing_cell_is_marked_and_exits_1(work: Path) -> None:
     out = load(work / "out.ipynb")
     top = out["cells"][0]
     assert top["cell_type"] == "markdown" and "ValueError: bad value 1" in "".join(top["source"])
-    assert out["cells"][2]["metadata"]["spotbook"]["status"] == "failed"
-    assert out["cells"][3]["metadata"]["spotbook"]["status"] == "pending"
+    # the banner first, papermill's anchor just before the failing cell (input cell 1)
+    assert "papermill-error-cell" in "".join(out["cells"][2]["source"])
+    assert out["cells"][3]["metadata"]["spotbook"]["status"] == "failed"
+    assert out["cells"][3]["metadata"]["papermill"]["status"] == "failed"
+    assert out["cells"][4]["metadata"]["spotbook"]["status"] == "pending"
     assert "before" in _texts(out)
     doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
     assert doc["status"] == "failed"
@@ -169,7 +172,7 @@ def test_kernel_death_is_reported(work: Path) -> None:
     assert "kernel died while running cell 1" in r.stderr
     out = load(work / "out.ipynb")
     assert "about to exit" in _texts(out)
-    assert out["cells"][2]["metadata"]["spotbook"]["status"] == "failed"
+    assert out["cells"][3]["metadata"]["spotbook"]["status"] == "failed"
 
 
 def test_huge_output_is_capped_and_kept_whole_in_the_store(work: Path) -> None:

@@ -181,9 +181,13 @@ def test_failed_cell_gets_a_note_at_the_top() -> None:
     out = nbs.assemble(nb, records, run_meta={"parameters": {}})
     assert out.cells[0].cell_type == "markdown" and "ValueError: bad value 1" in out.cells[0].source
     assert "In [2]" in out.cells[0].source
-    assert out.cells[2].metadata.spotbook.status == "failed"
-    assert out.cells[3].metadata.spotbook.status == "pending"
+    assert 'id="papermill-error-cell"' in out.cells[2].source  # the anchor, before it
+    assert out.cells[3].metadata.spotbook.status == "failed"
+    assert out.cells[3].metadata.papermill.status == "failed"
+    assert out.cells[4].metadata.spotbook.status == "pending"
     assert out.metadata.papermill.exception is True
+    # an earlier run's banners do not survive into the next run's notebook
+    assert [c.source for c in nbs.remove_error_markers(out).cells] == [c.source for c in nb.cells]
     nbs.parse(nbs.dumps(out), "assembled")  # still a valid notebook
 
 

@@ -27,6 +27,11 @@ _CELL_TYPES = frozenset({"code", "markdown", "raw"})
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
 ERROR_TAG = "spotbook-error"
+# papermill's tag on its error banner and anchor: tools find (and remove) them by it
+PAPERMILL_ERROR_TAG = "papermill-error-cell-tag"
+_BANNER_STYLE = (
+    'style="color:red; font-family:Helvetica Neue, Helvetica, Arial, sans-serif; font-size:2em;"'
+)
 SKIP_TAG = "skip-execution"
 
 
@@ -134,9 +139,20 @@ def _fit_cell(nb: Notebook, cell: Any) -> Any:
     return cell
 
 
+def remove_error_markers(nb: Notebook) -> Notebook:
+    """``nb`` without the error banners an earlier run (papermill's or spotbook's) left."""
+    stale = (ERROR_TAG, PAPERMILL_ERROR_TAG)
+    kept = [c for c in nb.cells if not set(stale) & set(c.metadata.get("tags", []))]
+    if len(kept) != len(nb.cells):
+        nb = copy.deepcopy(nb)
+        nb.cells = kept
+    return nb
+
+
 def inject_parameters(nb: Notebook, params: Mapping[str, Any]) -> Notebook:
-    """A copy of ``nb`` with an ``injected-parameters`` cell, as papermill places it."""
-    nb = copy.deepcopy(nb)
+    """A copy of ``nb`` with an ``injected-parameters`` cell, as papermill places it (and
+    without an earlier run's error banners)."""
+    nb = copy.deepcopy(remove_error_markers(nb))
     if not params:
         return nb
     language = (nb.metadata.get("kernelspec") or {}).get("language") or (
@@ -198,11 +214,19 @@ def assemble(
 ) -> Notebook:
     """The output notebook: ``nb`` with each finished cell's record applied.
 
-    Cells without a record are cleared and marked pending (or running). A failed
-    cell gets a note at the top of the notebook, as papermill users expect.
+    Every cell's ``metadata.papermill`` (and ``metadata.spotbook``) says its status and
+    times, and the notebook's ``metadata.papermill`` the run's, as papermill writes them;
+    cells without a record are cleared and marked pending (or running), and markdown cells
+    the run got past are completed. A failed cell gets papermill's banner at the top and
+    its anchor just before the cell.
     """
     out = copy.deepcopy(nb)
     failed: tuple[int, Mapping[str, Any]] | None = None
+    # the first code cell the run has not finished: the cells before it are done
+    frontier = next(
+        (i for i, c in enumerate(out.cells) if c.cell_type == "code" and i not in records),
+        len(out.cells),
+    )
     for index, cell in enumerate(out.cells):
         rec = records.get(index)
         if cell.cell_type == "code":
@@ -210,10 +234,11 @@ def assemble(
             cell.execution_count = rec.get("execution_count") if rec else None
         if rec and rec.get("metadata"):
             cell.metadata.update(copy.deepcopy(dict(rec["metadata"])))
-        status = rec["status"] if rec else ("running" if index == running else "pending")
-        meta: dict[str, Any] = {"status": status}
+        meta: dict[str, Any] = {"status": "pending"}
+        meta.update(start_time=None, end_time=None, duration=None, exception=None)
         if rec:
             meta.update(
+                status=rec["status"],
                 start_time=_iso(rec.get("start")),
                 end_time=_iso(rec.get("end")),
                 duration=rec.get("duration"),
@@ -221,14 +246,33 @@ def assemble(
             )
             if rec["status"] == "failed" and failed is None:
                 failed = (index, rec)
-        cell.metadata["spotbook"] = meta
+        elif index == running:
+            meta["status"] = "running"
+        elif cell.cell_type != "code" and index < frontier:
+            meta.update(status="completed", exception=False)
+        cell.metadata["papermill"] = meta
+        cell.metadata["spotbook"] = dict(meta)
+    starts = [r["start"] for r in records.values() if r.get("start") is not None]
+    ends = [r["end"] for r in records.values() if r.get("end") is not None]
+    begun, ended = (min(starts) if starts else None), (max(ends) if ends else None)
+    done = bool(run_meta.get("final"))
     out.metadata["spotbook"] = dict(run_meta)
     out.metadata["papermill"] = {
-        "parameters": dict(run_meta.get("parameters") or {}),
+        "default_parameters": {},
+        "duration": round(ended - begun, 6) if done and begun and ended else None,
+        "end_time": _iso(ended) if done else None,
+        "environment_variables": {},
         "exception": failed is not None,
+        "input_path": run_meta.get("input_path"),
+        "output_path": run_meta.get("output_path"),
+        "parameters": dict(run_meta.get("parameters") or {}),
+        "start_time": _iso(begun),
+        "version": run_meta.get("version"),
     }
     if failed is not None:
-        out.cells.insert(0, _error_cell(out, *failed))
+        index, rec = failed
+        out.cells.insert(index, _marker(out, _anchor_text()))
+        out.cells.insert(0, _marker(out, _banner_text(index, rec)))
     return out
 
 
@@ -238,17 +282,28 @@ def _iso(ts: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
 
 
-def _error_cell(nb: Notebook, index: int, rec: Mapping[str, Any]) -> Any:
+def _banner_text(index: int, rec: Mapping[str, Any]) -> str:
+    """papermill's banner (a link to the anchor), then what failed, in spotbook's words."""
     err = rec.get("error") or {}
     count = rec.get("execution_count")
-    label = f"cell {index}" + (f" (In [{count}])" if count is not None else "")
-    text = (
-        f'<span style="color:red; font-size:1.5em;">spotbook: this run failed at {label}.</span>'
-        f"\n\n`{err.get('ename', 'Error')}: {err.get('evalue', '')}`\n\n"
-        "The failing cell shows the traceback; its metadata has `spotbook.status = failed`."
+    return (
+        f"<span {_BANNER_STYLE}>An Exception was encountered at "
+        f"'<a href=\"#papermill-error-cell\">In [{count}]</a>'.</span>"
+        f"\n\nspotbook: cell {index} raised `{err.get('ename', 'Error')}: "
+        f"{err.get('evalue', '')}`; the failing cell shows the traceback."
     )
+
+
+def _anchor_text() -> str:
+    return (
+        f'<span id="papermill-error-cell" {_BANNER_STYLE}>'
+        "Execution using papermill encountered an exception here and stopped:</span>"
+    )
+
+
+def _marker(nb: Notebook, text: str) -> Any:
     cell = _fit_cell(nb, nbformat.v4.new_markdown_cell(source=text))
-    cell.metadata["tags"] = [ERROR_TAG]
+    cell.metadata["tags"] = [PAPERMILL_ERROR_TAG, ERROR_TAG]
     return cell
 
 

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from . import __version__
 from . import _notebook as nbs
 from ._checkpoints import CheckpointDir
 from ._environment import nvidia_gpus, where
@@ -791,6 +792,7 @@ class Runner:
             "input_path": self.spec.source,
             "output_path": self.spec.output,
             "final": final,
+            "version": __version__,
         }
 
     def _refresh(
