@@ -297,3 +297,71 @@ def test_changed_notebook_is_refused_without_restart(work: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "3 default" in _texts(load(work / "o.ipynb"))
+
+
+def test_papermills_other_flags(work: Path) -> None:
+    """-b, the injected paths, --report-mode, --no-log-output, --start_timeout,
+    --autosave-cell-every, --stdout-file/--stderr-file, and engine or language values
+    spotbook cannot honour refused (exit 2), as papermill's users write them."""
+    import base64
+
+    b64 = base64.b64encode(b"alpha: 5\nname: b64").decode()
+    r = cli(
+        "run",
+        "params.ipynb",
+        "out.ipynb",
+        "-b",
+        b64,
+        "--inject-paths",
+        "--report-mode",
+        "--no-log-output",
+        "--start_timeout",
+        "30",
+        "--autosave-cell-every",
+        "10",
+        "--stdout-file",
+        "so.txt",
+        "--engine",
+        "nbclient",
+        "-l",
+        "python",
+        cwd=work,
+    )
+    assert r.returncode == 0, r.stderr
+    out = load(work / "out.ipynb")
+    src = _injected(out)
+    assert 'PAPERMILL_INPUT_PATH = "params.ipynb"' in src
+    assert 'PAPERMILL_OUTPUT_PATH = "out.ipynb"' in src
+    assert "alpha = 5" in src and 'name = "b64"' in src
+    assert "5 b64" in (work / "so.txt").read_text()
+    code = [c for c in out["cells"] if c["cell_type"] == "code"]
+    assert all(c["metadata"]["jupyter"]["source_hidden"] for c in code)
+    assert r.stderr.rstrip().endswith("output in " + str(work / "out.ipynb"))
+    for flag, value in (("--engine", "dask"), ("--language", "R")):
+        bad = cli("run", "params.ipynb", "o2.ipynb", flag, value, cwd=work)
+        assert bad.returncode == 2 and value in bad.stderr, bad.stderr
+
+
+def test_dash_reads_stdin_and_writes_stdout(work: Path) -> None:
+    """`-` as INPUT and OUTPUT, as papermill pipes notebooks; only the notebook goes to
+    stdout, also when a cell fails."""
+    import subprocess
+    import sys
+
+    def pipe(src: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "spotbook", "run", "-", "-", "-p", "alpha", "9"],
+            input=(work / src).read_bytes(),
+            capture_output=True,
+            cwd=work,
+            timeout=180,
+            check=False,
+        )
+
+    r = pipe("params.ipynb")
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    assert "9 default" in json.dumps([c.get("outputs") for c in out["cells"]])
+    failed = pipe("error.ipynb")
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout)["metadata"]["papermill"]["exception"] is True

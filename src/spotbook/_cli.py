@@ -70,8 +70,10 @@ def exit_code(exc: BaseException) -> int:
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     """papermill's flags, same names and meaning, plus spotbook's own."""
-    p.add_argument("input", metavar="INPUT", help="notebook path or fsspec URL")
-    p.add_argument("output", metavar="OUTPUT", nargs="?", help="where to write the result")
+    p.add_argument("input", metavar="INPUT", help="notebook path or fsspec URL; - for stdin")
+    p.add_argument(
+        "output", metavar="OUTPUT", nargs="?", help="where to write the result; - for stdout"
+    )
     g = p.add_argument_group("parameters (as papermill)")
     g.add_argument(
         "-p",
@@ -93,13 +95,42 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("-y", "--parameters_yaml", action="append", default=[], metavar="YAML")
     g.add_argument("-f", "--parameters_file", action="append", default=[], metavar="FILE")
+    g.add_argument(
+        "-b", "--parameters_base64", action="append", default=[], metavar="B64", help="YAML"
+    )
+    g.add_argument("--inject-input-path", action="store_true", help="PAPERMILL_INPUT_PATH = INPUT")
+    g.add_argument(
+        "--inject-output-path", action="store_true", help="PAPERMILL_OUTPUT_PATH = OUTPUT"
+    )
+    g.add_argument("--inject-paths", action="store_true", help="both of the above")
     e = p.add_argument_group("execution (as papermill)")
     e.add_argument("-k", "--kernel", help="kernel name (default: the notebook's)")
+    e.add_argument("-l", "--language", help="the notebook's language (spotbook: python)")
+    e.add_argument("--engine", help="execution engine (spotbook's own: nbclient)")
     e.add_argument("--cwd", help="working directory of the kernel")
-    e.add_argument("--log-output", action="store_true", help="echo cell output to stderr")
+    e.add_argument(
+        "--log-output",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="echo cell output to stderr",
+    )
+    e.add_argument("--stdout-file", metavar="FILE", help="write the cells' stdout to FILE")
+    e.add_argument("--stderr-file", metavar="FILE", help="write the cells' stderr to FILE")
+    e.add_argument(
+        "--report-mode",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="hide the code cells' input in the output notebook",
+    )
     e.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
     e.add_argument("--execution-timeout", type=float, metavar="S", help="limit per cell")
-    e.add_argument("--start-timeout", type=float, default=60.0, metavar="S")
+    e.add_argument("--start-timeout", "--start_timeout", type=float, default=60.0, metavar="S")
+    e.add_argument(
+        "--autosave-cell-every",
+        type=int,
+        metavar="S",
+        help="accepted for papermill compatibility; progress is saved after every cell",
+    )
     e.add_argument(
         "--prepare-only",
         action="store_true",
@@ -458,18 +489,48 @@ def _exit_now(why: str) -> None:
     os._exit(EXIT_STOPPED)
 
 
+def _stream_files(args: argparse.Namespace) -> Any:
+    """(on_output, files to close): --log-output to stderr, --stdout-file/--stderr-file."""
+    files = {
+        name: open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the caller
+        for name, path in (
+            ("stdout", getattr(args, "stdout_file", None)),
+            ("stderr", getattr(args, "stderr_file", None)),
+        )
+        if path
+    }
+    if not (args.log_output or files):
+        return None, []
+
+    def on_output(kind: str, content: dict[str, Any]) -> None:
+        if args.log_output:
+            _echo_output(kind, content)
+        to = files.get(str(content.get("name"))) if kind == "stream" else None
+        if to is not None:
+            to.write(str(content.get("text", "")))
+            to.flush()
+
+    return on_output, list(files.values())
+
+
 def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
+    on_output, files = _stream_files(args)
     opts = RunnerOptions(
         grace=args.grace,
         strict_resume=bool(getattr(args, "strict_resume", False)),
-        on_output=_echo_output if args.log_output else None,
+        on_output=on_output,
         on_progress=_Progress(args.progress_bar),
         on_overrun=_exit_now,
     )
-    result = Runner(store, opts).run()
+    try:
+        result = Runner(store, opts).run()
+    finally:
+        for fh in files:
+            fh.close()
+    output = store.require_run()["spec"].get("output") or f"{result.url}/output.ipynb"
     print(
         f"spotbook: run {result.run_id} {result.status.value}: "
-        f"{result.cells_done}/{result.cells_total} cells; output in {result.url}/output.ipynb",
+        f"{result.cells_done}/{result.cells_total} cells; output in {output}",
         file=sys.stderr,
     )
     return 0
@@ -488,8 +549,16 @@ def _limits(args: argparse.Namespace) -> Limits:
 
 
 def _parameters(args: argparse.Namespace) -> dict[str, Any]:
-    """The -p/-r/-y/-f parameters, merged as papermill merges them."""
+    """The parameters, merged as papermill merges them: the injected paths, -b, -f, -y,
+    -p, -r."""
+    paths = {}
+    if args.inject_input_path or args.inject_paths:
+        paths["PAPERMILL_INPUT_PATH"] = args.input
+    if args.inject_output_path or args.inject_paths:
+        paths["PAPERMILL_OUTPUT_PATH"] = args.output or "-"
     return collect_parameters(
+        paths=paths,
+        base64_yaml=args.parameters_base64,
         files=args.parameters_file,
         yaml_strings=args.parameters_yaml,
         typed=[tuple(p) for p in args.parameters],
@@ -497,12 +566,38 @@ def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _check_engine(args: argparse.Namespace) -> None:
+    if args.engine not in (None, "nbclient", "spotbook"):
+        raise UsageError(
+            f"--engine {args.engine}: spotbook runs notebooks with its own engine (nbclient "
+            "underneath); leave --engine out"
+        )
+    if args.language not in (None, "python"):
+        raise UsageError(f"--language {args.language}: spotbook runs Python notebooks only")
+
+
+def _stdin_notebook(args: argparse.Namespace) -> Any:
+    """INPUT, or the notebook read from stdin for ``-``."""
+    if args.input != "-":
+        return args.input
+    data = sys.stdin.buffer.read()
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise UsageError(f"stdin (INPUT -) is not a notebook: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise UsageError("stdin (INPUT -) is not a notebook: not a JSON object")
+    return doc
+
+
 def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> RunStore:
     """Freeze the parameterised notebook into its run store (run and submit)."""
+    _check_engine(args)
     return prepare_run(
-        args.input,
-        args.output,
+        _stdin_notebook(args),
+        None if args.output == "-" else args.output,
         parameters=_parameters(args),
+        report_mode=args.report_mode,
         kernel_name=args.kernel,
         cwd=args.cwd,
         limits=_limits(args),
@@ -521,12 +616,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
     if args.prepare_only:
         data = store.read("input.ipynb")
-        if args.output and data is not None:
+        if args.output == "-" and data is not None:
+            sys.stdout.write(data.decode())
+        elif args.output and data is not None:
             from ._store import write_url
 
             write_url(args.output, data)
         return 0
-    return _run_runner(store, args)
+    if args.output != "-":
+        return _run_runner(store, args)
+    try:  # OUTPUT -: the notebook goes to stdout, also when a cell failed
+        return _run_runner(store, args)
+    finally:
+        data = store.read("output.ipynb")
+        if data is not None:
+            sys.stdout.write(data.decode())
+            sys.stdout.flush()
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
@@ -626,6 +731,11 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError("--cwd is a path on this machine; it has no meaning in the pod")
     if args.prepare_only:
         raise UsageError("--prepare-only does not apply to submit; use --dry-run to see the Job")
+    if args.stdout_file or args.stderr_file:
+        raise UsageError(
+            "--stdout-file/--stderr-file are files on this machine; a submitted run's output "
+            "is in its pod's log (`spotbook logs -f RUN`)"
+        )
     gpu_type, gpu_count = parse_gpu(args.gpu)
     if args.max_preemptions is None:
         args.max_preemptions = DEFAULT_MAX_PREEMPTIONS

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import base64
 import keyword
 import math
 from collections.abc import Iterable, Mapping
@@ -68,13 +69,24 @@ def _plain(value: Any) -> Any:
 
 def collect_parameters(
     *,
+    paths: Mapping[str, str] | None = None,
+    base64_yaml: Iterable[str] = (),
     files: Iterable[str] = (),
     yaml_strings: Iterable[str] = (),
     typed: Iterable[tuple[str, str]] = (),
     raw: Iterable[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Merge parameters in papermill's order: ``-f``, ``-y``, ``-p``, ``-r``."""
-    params: dict[str, Any] = {}
+    """Merge parameters in papermill's order: the injected paths, ``-b``, ``-f``, ``-y``,
+    ``-p``, ``-r``."""
+    params: dict[str, Any] = dict(paths or {})
+    for encoded in base64_yaml:
+        try:
+            text = base64.b64decode(encoded, validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ParameterError(
+                f"-b/--parameters_base64 {encoded!r} is not base64: {exc}"
+            ) from exc
+        params.update(_load_yaml_mapping(text, "the -b/--parameters_base64 value"))
     for name in files:
         path = Path(name)
         try:
