@@ -476,3 +476,11 @@ def test_a_pod_stuck_terminating_on_a_dead_node_is_named_and_recovered(
     deletes = [q for q in kube.state()["requests"] if q.startswith("DELETE ") and "/pods/p1" in q]
     assert len(deletes) == 1 and "gracePeriodSeconds=0" in deletes[0], deletes
     assert "pods/default/p1" not in kube.state()["objects"]
+    # an account that may not read nodes: status says what it cannot tell (not an
+    # error for the whole cluster view), and recover still deletes the pod
+    kube.put("pods", stuck)
+    kube.fault("GET", "/nodes/gke-spot-9", 403, times=2)
+    r = cli("status", rd, cwd=work, env=kube.env)
+    assert r.returncode == 0 and "may not read nodes" in r.stdout, r.stdout
+    r = cli("recover", rd, cwd=work, env=kube.env)
+    assert r.returncode == 0 and "deleted pod p1" in r.stderr, r.stderr

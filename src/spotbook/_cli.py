@@ -930,7 +930,8 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     run_id = store.require_run()["spec"]["run_id"]
     cluster = _cluster_for(args, _job_record(store))
     views = [pod_view(p, cluster.node_ready) for p in cluster.pods(run_id)]
-    stuck = [v for v in views if v["state"] == "stuck"]
+    # stuck on a node that is not Ready, or past its grace on one this account may not read
+    stuck = [v for v in views if v.get("past_grace")]
     if not stuck:
         states = "; ".join(describe_pod(v) for v in views) or "no pods"
         print(f"spotbook: run {run_id} has no stuck pod ({states}); nothing done", file=sys.stderr)
@@ -940,8 +941,8 @@ def _cmd_recover(args: argparse.Namespace) -> int:
         # so forgetting a pod whose node died is safe even if that node comes back.
         cluster.force_delete_pod(v["name"])
         print(
-            f"spotbook: deleted pod {v['name']} (stuck Terminating on {v['node']}, not "
-            "Ready) with grace 0; the Job starts a replacement, which resumes the run",
+            f"spotbook: deleted pod {v['name']} (Terminating past its grace on {v['node']}) "
+            "with grace 0; the Job starts a replacement, which resumes the run",
             file=sys.stderr,
         )
     return 0

@@ -41,15 +41,25 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
 STUCK_AFTER = 30
 
 
-def _stuck(pod: dict[str, Any], node_ready: Callable[[str], bool] | None, now: float) -> str:
-    """Why a Terminating pod is stuck, or ""."""
+def _stuck(
+    pod: dict[str, Any], node_ready: Callable[[str], bool | None] | None, now: float
+) -> tuple[str, str]:
+    """("stuck", why) for a Terminating pod on a dead node; ("terminating", why) when
+    the node cannot be read; ("", "") otherwise."""
     meta, node = pod["metadata"], (pod.get("spec") or {}).get("nodeName")
     gone_at = epoch(meta.get("deletionTimestamp"))  # the deletion time plus the grace
     if node_ready is None or not node or gone_at is None or now < gone_at + STUCK_AFTER:
-        return ""
-    if node_ready(node):
-        return ""
-    return (
+        return "", ""
+    ready = node_ready(node)
+    if ready:
+        return "", ""
+    if ready is None:
+        return "terminating", (
+            f"Terminating {now - gone_at:.0f} s past its grace on node {node}; this account "
+            "may not read nodes (`kubectl auth can-i get nodes`), so whether the node is "
+            "down is unknown; if it is, `spotbook recover RUN` deletes the pod"
+        )
+    return "stuck", (
         f"stuck Terminating for {now - gone_at:.0f} s past its grace on node {node}, which is "
         "not Ready: only that node's kubelet can confirm the pod stopped, and the Job starts "
         "no replacement until then (podReplacementPolicy: Failed). `spotbook recover RUN` "
@@ -71,7 +81,7 @@ def epoch(stamp: str | None) -> float | None:
 
 def pod_view(
     pod: dict[str, Any],
-    node_ready: Callable[[str], bool] | None = None,
+    node_ready: Callable[[str], bool | None] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """One pod as status shows it: pending / running / preempted / stopped / failed / ...
@@ -107,9 +117,9 @@ def pod_view(
             )
     elif phase == "Running":
         view["state"] = "terminating" if pod["metadata"].get("deletionTimestamp") else "running"
-        why = _stuck(pod, node_ready, time.time() if now is None else now)
-        if why:
-            view["state"], view["reason"] = "stuck", why
+        state, why = _stuck(pod, node_ready, time.time() if now is None else now)
+        if state:  # past its grace on a node that is down, or that cannot be read
+            view["state"], view["reason"], view["past_grace"] = state, why, True
     elif phase == "Succeeded":
         view["state"] = "succeeded"
     elif disrupted:
@@ -127,7 +137,7 @@ def pod_view(
 def job_view(
     job: dict[str, Any] | None,
     pods: list[dict[str, Any]],
-    node_ready: Callable[[str], bool] | None = None,
+    node_ready: Callable[[str], bool | None] | None = None,
 ) -> dict[str, Any]:
     """The Job's state, merged from its conditions and its pods."""
     views = [pod_view(p, node_ready) for p in pods]

@@ -260,17 +260,20 @@ class Cluster:
             retry=False,
         )
 
-    def node_ready(self, node: str) -> bool:
-        """Whether a node reports Ready (a node that is gone is not)."""
+    def node_ready(self, node: str) -> bool | None:
+        """Whether a node reports Ready (a node that is gone is not); None when this
+        account may not read nodes (namespace-scoped roles often may not)."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
 
-        def get() -> bool:
+        def get() -> bool | None:
             try:
                 obj = self.client.get(Node, node)
             except ApiError as exc:
                 if exc.status.code == 404:
                     return False
+                if exc.status.code == 403:
+                    return None
                 raise
             conditions = (obj.status.conditions if obj.status else None) or []
             return any(c.type == "Ready" and c.status == "True" for c in conditions)
