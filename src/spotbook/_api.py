@@ -271,24 +271,27 @@ def execute_notebook(
 
             write_url(os.fspath(output_path), data)
         return nbs.parse(data, "input.ipynb")
-    on_output = _outputs_to(log_output, stdout_file, stderr_file)
+    on_output = outputs_to(_log_output if log_output else None, stdout_file, stderr_file)
     _run_sync(Runner(store, RunnerOptions(on_output=on_output, handle_signals=False)))
     data = store.read("output.ipynb")
     assert data is not None
     return nbs.parse(data, "output.ipynb")
 
 
-def _outputs_to(
-    log: bool, stdout_file: Any, stderr_file: Any
-) -> Callable[[str, dict[str, Any]], None] | None:
+OutputHandler = Callable[[str, dict[str, Any]], None]
+
+
+def outputs_to(
+    echo: OutputHandler | None, stdout_file: Any, stderr_file: Any
+) -> OutputHandler | None:
     """As papermill: streams to ``stdout_file``/``stderr_file`` (file objects) as they
-    come, and everything to the log with ``log_output``."""
-    if not (log or stdout_file or stderr_file):
+    come, and every output to ``echo`` (the log, or the CLI's stderr)."""
+    if not (echo or stdout_file or stderr_file):
         return None
 
     def on_output(kind: str, content: dict[str, Any]) -> None:
-        if log:
-            _log_output(kind, content)
+        if echo is not None:
+            echo(kind, content)
         if kind == "stream":
             to = stdout_file if content.get("name") == "stdout" else stderr_file
             if to is not None:

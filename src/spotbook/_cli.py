@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from ._api import prepare_run
+from ._api import outputs_to, prepare_run
 from ._errors import (
     CellError,
     ExecutionTimeoutError,
@@ -499,18 +499,8 @@ def _stream_files(args: argparse.Namespace) -> Any:
         )
         if path
     }
-    if not (args.log_output or files):
-        return None, []
-
-    def on_output(kind: str, content: dict[str, Any]) -> None:
-        if args.log_output:
-            _echo_output(kind, content)
-        to = files.get(str(content.get("name"))) if kind == "stream" else None
-        if to is not None:
-            to.write(str(content.get("text", "")))
-            to.flush()
-
-    return on_output, list(files.values())
+    echo = _echo_output if args.log_output else None
+    return outputs_to(echo, files.get("stdout"), files.get("stderr")), list(files.values())
 
 
 def _run_runner(store: RunStore, args: argparse.Namespace) -> int:

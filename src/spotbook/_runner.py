@@ -262,7 +262,7 @@ class Runner:
         assert self.opts.on_overrun is not None
         if self.session is not None:
             self.session.kill_now()
-        done = sum(1 for r in self.records.values() if r.get("outcome"))
+        done = len(self.records)
         self.opts.on_overrun(
             f"run {self.spec.run_id}: still saving {self._grace + SAVE_BUDGET + EXIT_MARGIN:.0f}"
             f" s after the {self._notice.signame if self._notice else 'notice'} (--grace "
