@@ -237,6 +237,27 @@ def test_papermills_kinds_of_arguments(tmp_path: Path) -> None:
         spotbook.execute_notebook(node, None, language="R")
 
 
+def test_the_library_draws_papermills_bar(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """As papermill's execute_notebook: tqdm on stderr by default, tqdm's arguments from
+    a dict, nothing with progress_bar=False, a clear error for anything else."""
+    src = str(NOTEBOOKS / "params.ipynb")
+    spotbook.execute_notebook(src, None, run_dir=str(tmp_path / "a"))
+    out, err = capfd.readouterr()
+    assert out == "" and "| 5/5 [" in err and "Executing import os: " in err
+    spotbook.execute_notebook(
+        src, None, progress_bar={"desc": "Training", "unit": "step"}, run_dir=str(tmp_path / "b")
+    )
+    err = capfd.readouterr().err
+    assert "Training import os: " in err and "step/s]" in err
+    spotbook.execute_notebook(src, None, progress_bar=False, run_dir=str(tmp_path / "c"))
+    assert capfd.readouterr().err == ""
+    with pytest.raises(spotbook.UsageError, match="progress_bar must be"):
+        spotbook.execute_notebook(src, None, progress_bar="yes", run_dir=str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()
+
+
 def test_execute_notebook_rejects_unknown_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="engine_kwarg"):
         spotbook.execute_notebook("x.ipynb", None, engine_kwarg=1)

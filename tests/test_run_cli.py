@@ -98,9 +98,24 @@ def test_status_json_and_runs_table(work: Path) -> None:
     assert "succeeded" in human and "4/4" in human
 
 
-def test_progress_bar_is_on_by_default(work: Path) -> None:
-    r = cli("run", "params.ipynb", cwd=work)
-    assert "Executing: 4/4 cells" in r.stderr
+def test_progress_bar_is_tqdms_on_stderr_by_default(work: Path) -> None:
+    """papermill's bar: one step per cell (markdown too), percent, rate; the running
+    cell's first line as its description unless cell output is echoed."""
+    r = cli("run", "params.ipynb", "out.ipynb", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    assert "100%" in r.stderr and "| 5/5 [" in r.stderr and "cell/s]" in r.stderr
+    assert "Executing print(alpha, name, flag, items, opt): " in r.stderr
+    assert "Executing import os: " in r.stderr
+    r = cli("run", "params.ipynb", "out.ipynb", "--log-output", cwd=work)
+    assert "Executing: 100%" in r.stderr and "Executing import os" not in r.stderr
+    # papermill's marker names a cell whatever --log-output says
+    write_notebook(work / "named.ipynb", "x = 1  # papermill_description=setup", "y = 2")
+    r = cli("run", "named.ipynb", "o2.ipynb", "--log-output", cwd=work)
+    assert "Executing setup: " in r.stderr and "| 2/2 [" in r.stderr
+    # the bar never reaches the log (the pod's worker leaves it off)
+    r = cli("run", "params.ipynb", "out.ipynb", "--no-progress-bar", cwd=work)
+    assert "Executing" not in r.stderr and "%|" not in r.stderr
 
 
 def test_output_and_input_as_urls(work: Path) -> None:

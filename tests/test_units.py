@@ -268,3 +268,18 @@ def test_a_torn_last_record_line_is_ignored(tmp_path: Path) -> None:
         fh.write(b'{"index": 2, "status": "compl')  # killed mid-write
     recs = store.cell_records()
     assert sorted(recs) == [0, 1] and recs[1]["v"] == 2
+
+
+def test_progress_description_is_papermills_marker_or_the_first_line() -> None:
+    from spotbook._progress import ProgressBar, description
+
+    assert description("a = 1  # papermill_description=load-data\nb", first_line=False) == (
+        "load-data"
+    )
+    assert description("\n\n  train(model)  \nmore", first_line=True) == "train(model)"
+    assert description("train(model)", first_line=False) is None
+    assert description("", first_line=True) is None
+    long = description("x" * 100, first_line=True)
+    assert long is not None and len(long) == 40 and long.endswith("…")
+    with pytest.raises(spotbook.UsageError, match="progress_bar must be"):
+        ProgressBar(3, describe_cells=True)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from ._errors import CellExecutionError, InputChangedError, UsageError, papermil
 from ._executor import check_kernel
 from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
+from ._progress import ProgressBar
 from ._runner import Runner, RunnerOptions, RunResult
 from ._store import (
     RunStore,
@@ -204,7 +205,7 @@ def execute_notebook(
     prepare_only: bool = False,
     kernel_name: str | None = None,
     language: str | None = None,
-    progress_bar: bool = True,
+    progress_bar: bool | Mapping[str, Any] = True,
     log_output: bool = False,
     stdout_file: Any = None,
     stderr_file: Any = None,
@@ -242,9 +243,10 @@ def execute_notebook(
         raise UsageError(
             f"language {language!r}: spotbook writes parameters for Python kernels only"
         )
-    # the library never prints (the CLI draws the progress bar); every cell's progress
-    # is saved to the run store whatever request_save_on_cell_execute says
-    del progress_bar, request_save_on_cell_execute
+    # every cell's progress is saved to the run store whatever
+    # request_save_on_cell_execute says
+    del request_save_on_cell_execute
+    bar = ProgressBar(progress_bar, describe_cells=not log_output)
     store = prepare_run(
         input_path,
         output_path,
@@ -272,7 +274,7 @@ def execute_notebook(
             write_url(os.fspath(output_path), data)
         return nbs.parse(data, "input.ipynb")
     on_output = outputs_to(_log_output if log_output else None, stdout_file, stderr_file)
-    _run_sync(Runner(store, RunnerOptions(on_output=on_output, handle_signals=False)))
+    _run_sync(Runner(store, RunnerOptions(on_output=on_output, progress=bar, handle_signals=False)))
     data = store.read("output.ipynb")
     assert data is not None
     return nbs.parse(data, "output.ipynb")

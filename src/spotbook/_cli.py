@@ -42,6 +42,7 @@ from ._models import (
     SnapshotPolicy,
 )
 from ._parameters import collect_parameters
+from ._progress import ProgressBar
 from ._runner import Runner, RunnerOptions
 from ._status import ClusterView, describe, local_runs
 from ._store import RunStore, is_url, resolve_run
@@ -122,7 +123,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=False,
         help="hide the code cells' input in the output notebook",
     )
-    e.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
+    e.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tqdm's bar on stderr, as papermill draws it (default on)",
+    )
     e.add_argument("--execution-timeout", type=float, metavar="S", help="limit per cell")
     e.add_argument("--start-timeout", "--start_timeout", type=float, default=60.0, metavar="S")
     e.add_argument(
@@ -450,27 +456,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SPOTBOOK_LOG_OUTPUT", "1") not in ("0", "false", ""),
         help="echo cell output to stderr, for the pod's log (default on)",
     )
-    wk.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
+    wk.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="draw the progress bar on stderr (default off: a pod's log is not a terminal)",
+    )
     _add_common(wk)
     return parser
-
-
-class _Progress:
-    """A one-line progress display on stderr, throttled like tqdm's."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self.last < (0.1 if self.tty else 2.0) and done < total):
-            return
-        self.last = now
-        end = "\r" if self.tty and done < total else "\n"
-        sys.stderr.write(f"Executing: {done}/{total} cells{end}")
-        sys.stderr.flush()
 
 
 def _echo_output(kind: str, content: dict[str, Any]) -> None:
@@ -509,7 +502,7 @@ def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
         grace=args.grace,
         strict_resume=bool(getattr(args, "strict_resume", False)),
         on_output=on_output,
-        on_progress=_Progress(args.progress_bar),
+        progress=ProgressBar(args.progress_bar, describe_cells=not args.log_output),
         on_overrun=_exit_now,
     )
     try:

@@ -56,6 +56,7 @@ from ._executor import (
 from ._fidelity import FidelityReport
 from ._integrity import make_private_dirs
 from ._models import EXIT_MARGIN, SAVE_BUDGET, Clock, Outcome, RunSpec, RunStatus, SnapshotMode
+from ._progress import Progress
 from ._resume import ResumePlan, plan_resume
 from ._store import CellKey, RunStore
 
@@ -73,7 +74,7 @@ class RunnerOptions:
 
     output_refresh: float = 5.0
     on_output: Callable[[str, dict[str, Any]], None] | None = None
-    on_progress: Callable[[int, int], None] | None = None
+    progress: Progress | None = None  # the CLI's and the API's tqdm bar
     clock: Clock = time.time
     handle_signals: bool = True
     grace: float | None = None  # overrides the run's --grace for this attempt
@@ -214,6 +215,8 @@ class Runner:
                 loop.remove_signal_handler(sig)
             if self._watchdog is not None:
                 self._watchdog.cancel()
+            if self.opts.progress is not None:
+                self.opts.progress.close()
             if self.session is not None:
                 await self.session.shutdown()
             self.store.close()
@@ -583,7 +586,11 @@ class Runner:
         assert self.session is not None and self._notice is not None
         limits = self.spec.limits
         runnable = [i for i, c in enumerate(self.nb.cells) if nbs.executable(c)]
-        total, last = len(runnable), runnable[-1]
+        last = runnable[-1]
+        bar = self.opts.progress
+        if bar is not None:
+            # papermill counts every cell, markdown too
+            bar.begin(len(self.nb.cells), start)
         for index in range(start, len(self.nb.cells)):
             cell = self.nb.cells[index]
             if not nbs.executable(cell):
@@ -592,6 +599,8 @@ class Runner:
                 async with self._kernel_may_die(index - 1, "while taking the snapshot after cell"):
                     await self._last_snapshot(index - 1)
                 raise Terminated(self._notice.signame, self._resume_hint())
+            if bar is not None:
+                bar.cell(index, str(cell.source))
             t0 = self.opts.clock()
             m0 = time.monotonic()
             try:
@@ -658,8 +667,8 @@ class Runner:
                     raise
             self._commit(index, record)
             self._recommit_updated_displays(index)
-            if self.opts.on_progress:
-                self.opts.on_progress(len(self.records), total)
+            if bar is not None:
+                bar.advance(len(self.nb.cells) if index == last else index + 1)
             if status == "failed":
                 assert result.error is not None
                 raise CellExecutionError(
