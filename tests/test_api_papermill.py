@@ -280,3 +280,94 @@ def test_resume_run_api(tmp_path: Path) -> None:
     spotbook.prepare_run(str(NOTEBOOKS / "params.ipynb"), run_dir=str(rd))
     result = spotbook.resume_run(str(rd))
     assert result.status is spotbook.RunStatus.SUCCEEDED and result.cells_done == 4
+
+
+def _tagged_notebook(path: Path, *cells: tuple[str, list[str]]) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_markdown_cell("# Training")]
+    for source, tags in cells:
+        cell = nbformat.v4.new_code_cell(source)
+        cell.metadata["tags"] = tags
+        nb.cells.append(cell)
+    nbformat.write(nb, path)
+
+
+def test_inspect_like_papermill(tmp_path: Path) -> None:
+    """inspect_notebook returns papermill's dict; `spotbook inspect` and `run
+    --help-notebook` list the parameters and run nothing."""
+    import papermill
+
+    nb = tmp_path / "train_v2.ipynb"
+    _tagged_notebook(
+        nb,
+        ("import os", []),
+        (
+            "lr: float = 0.1  # learning rate\nepochs = 3\nlayers = [\n  64,\n  32,\n]  # widths",
+            ["parameters"],
+        ),
+        ("print(lr)", []),
+    )
+    ours = spotbook.inspect_notebook(nb)
+    assert ours == papermill.inspect_notebook(str(nb))
+    assert list(ours) == ["lr", "epochs", "layers"]
+    assert ours["layers"] == {
+        "name": "layers",
+        "inferred_type_name": "None",
+        "default": "[64,32,]",
+        "help": "widths",
+    }
+    # a templated path, filled from the parameters as papermill fills it
+    assert spotbook.inspect_notebook(str(tmp_path / "train_v{v}.ipynb"), {"v": 2}) == ours
+    plain = tmp_path / "plain.ipynb"
+    _tagged_notebook(plain, ("x = 1", []))
+    assert spotbook.inspect_notebook(plain) == {} == papermill.inspect_notebook(str(plain))
+
+    r = cli("inspect", "train_v2.ipynb", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "Parameters inferred for notebook 'train_v2.ipynb':"
+    assert lines[1].startswith("  lr: float (default 0.1)") and lines[1].endswith("learning rate")
+    assert lines[2] == "  epochs: int (default 3)"
+    assert json.loads(cli("inspect", "train_v2.ipynb", "--json", cwd=tmp_path).stdout) == ours
+    again = cli("run", "train_v2.ipynb", "out.ipynb", "--help-notebook", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == r.stdout
+    assert not (tmp_path / "out.ipynb").exists() and not (tmp_path / ".spotbook").exists()
+    none = cli("inspect", "plain.ipynb", cwd=tmp_path)
+    assert none.returncode == 0 and "No cell tagged 'parameters'" in none.stdout
+    missing = cli("inspect", "nope.ipynb", cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.ipynb" in missing.stderr
+
+
+def test_paths_are_templates_as_in_papermill(tmp_path: Path) -> None:
+    """`out_{alpha}.ipynb -p alpha 2` writes out_2.ipynb; papermill's pm built-ins; a
+    name no parameter gives is bad input (exit 2), with nothing written."""
+    src = tmp_path / "params.ipynb"
+    src.write_bytes((NOTEBOOKS / "params.ipynb").read_bytes())
+    r = cli(
+        "run", "params.ipynb", "out_{alpha}_{pm[run_uuid]}.ipynb", "-p", "alpha", "2",
+        "--no-progress-bar", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (out,) = tmp_path.glob("out_2_*.ipynb")
+    assert len(out.name) == len("out_2_.ipynb") + 36  # a uuid
+    assert f"output in {out}" in r.stderr
+    bad = cli("run", "params.ipynb", "out_{beta}.ipynb", "-p", "alpha", "2", cwd=tmp_path)
+    assert bad.returncode == 2 and "pass -p beta VALUE" in bad.stderr
+    assert list(tmp_path.glob("out_{*")) == []
+    assert len(list((tmp_path / ".spotbook" / "runs").iterdir())) == 1  # the first run's
+    nb = spotbook.execute_notebook(
+        str(tmp_path / "params.ipynb"),
+        str(tmp_path / "api_{name}.ipynb"),
+        {"name": "x"},
+        progress_bar=False,
+        run_dir=str(tmp_path / "rd"),
+    )
+    assert (tmp_path / "api_x.ipynb").exists()
+    assert nb.metadata.papermill.output_path == str(tmp_path / "api_x.ipynb")

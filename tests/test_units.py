@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -283,3 +284,38 @@ def test_progress_description_is_papermills_marker_or_the_first_line() -> None:
     assert long is not None and len(long) == 40 and long.endswith("…")
     with pytest.raises(spotbook.UsageError, match="progress_bar must be"):
         ProgressBar(3, describe_cells=True)  # type: ignore[arg-type]
+
+
+PARAMETER_CELLS = [
+    "msg = None\na: float = 2.25 # Variable a\n",
+    "b = [\n    'Hello', # First element\n# Dummy comment\n    'World'\n]"
+    " # type: List[str] Nice list\n",
+    '# Interesting c\nc: "NoneType" = None\nlr = 1e-3  # learning rate\n',
+    "%matplotlib inline\nx = 1  # the x\n",
+    "n: int = 3\nname = 'a'  # the name # really\n",
+]
+
+
+@pytest.mark.parametrize("source", PARAMETER_CELLS)
+def test_inspect_reads_parameters_as_papermill_does(source: str) -> None:
+    """Same names, types, defaults and help as papermill's Python translator reports."""
+    import nbformat
+    from papermill.translators import PythonTranslator
+
+    from spotbook._parameters import inspect_source
+
+    theirs = [p._asdict() for p in PythonTranslator.inspect(nbformat.v4.new_code_cell(source))]
+    ours = [dataclasses.asdict(p) for p in inspect_source(source)]
+    assert ours == theirs
+
+
+def test_inspect_keeps_what_papermill_skips_and_survives_broken_lines() -> None:
+    from spotbook._parameters import inspect_source
+
+    found = inspect_source("d = a == 3\n= 2\nlr = {'a': 1,\n  'b': 2}  # rates\nfor i in x: pass\n")
+    assert [(p.name, p.default, p.help) for p in found] == [
+        ("d", "a == 3", ""),
+        ("lr", "{'a': 1,'b': 2}", "rates"),
+    ]
+    assert [p.shown_type() for p in found] == ["Unknown type", "dict"]
+    assert inspect_source("def f(:\n") == []

@@ -38,12 +38,17 @@ from ._in_kernel import checkpoint_dir, preempted
 from ._models import Limits, RunStatus, SnapshotMode, SnapshotPolicy
 
 if TYPE_CHECKING:
-    from ._api import execute_notebook, prepare_run, resume_run
+    from ._api import execute_notebook, inspect_notebook, prepare_run, resume_run
 
 # The runner side (nbclient, jupyter_client) loads on first use: a kernel that imports
 # spotbook for preempted()/checkpoint_dir(), or for snapshots, must not pay for it
 # (importing jupyter_client into a kernel slows every later cell).
-_LAZY = {"execute_notebook": "._api", "prepare_run": "._api", "resume_run": "._api"}
+_LAZY = {
+    "execute_notebook": "._api",
+    "inspect_notebook": "._api",
+    "prepare_run": "._api",
+    "resume_run": "._api",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -83,6 +88,7 @@ __all__ = [
     "UsageError",
     "checkpoint_dir",
     "execute_notebook",
+    "inspect_notebook",
     "preempted",
     "prepare_run",
     "resume_run",

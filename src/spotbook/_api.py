@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import datetime
 import json
 import logging
 import os
 import secrets
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import _notebook as nbs
-from ._errors import CellExecutionError, InputChangedError, UsageError, papermill_compatible
+from ._errors import (
+    CellExecutionError,
+    InputChangedError,
+    ParameterError,
+    UsageError,
+    papermill_compatible,
+)
 from ._executor import check_kernel
 from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
+from ._parameters import Parameter, inspect_source
 from ._progress import ProgressBar
 from ._runner import Runner, RunnerOptions, RunResult
 from ._store import (
@@ -62,6 +72,58 @@ def _path(value: Any) -> str | None:
     return None if value is None else str(os.fspath(value))
 
 
+def parameterize_path(path: Any, parameters: Mapping[str, Any]) -> Any:
+    """papermill's path templates: ``out_{alpha}.ipynb`` with ``-p alpha 2`` is
+    ``out_2.ipynb``; ``{pm[run_uuid]}``, ``{pm[current_datetime_utc]}`` and
+    ``{pm[current_datetime_local]}`` are papermill's built-ins. Notebook objects, None
+    and paths without braces pass through."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or "{" not in path:
+        return path
+    now = datetime.datetime.now
+    builtins = {
+        "run_uuid": str(uuid.uuid4()),
+        "current_datetime_local": now(),
+        "current_datetime_utc": now(datetime.UTC).replace(tzinfo=None),
+    }
+    try:
+        return path.format(**{"pm": builtins, **parameters})
+    except KeyError as exc:
+        raise ParameterError(
+            f"the path {path!r} names {{{exc.args[0]}}}, which no parameter gives: pass "
+            f"-p {exc.args[0]} VALUE, or write {{{{ and }}}} for a literal brace"
+        ) from None
+    except (IndexError, ValueError, AttributeError) as exc:
+        raise ParameterError(
+            f"the path {path!r} is not a valid template ({exc}); write {{{{ and }}}} for a "
+            "literal brace"
+        ) from None
+
+
+def notebook_parameters(
+    notebook_path: Any, parameters: Mapping[str, Any] | None = None
+) -> list[Parameter] | None:
+    """The parameters a notebook's ``parameters`` cell assigns, in order; None when no
+    cell is tagged ``parameters``. ``parameters`` fill a templated path."""
+    where, data = _input(parameterize_path(notebook_path, dict(parameters or {})))
+    nb = nbs.parse(data, repr(where))
+    cell = next((c for c in nb.cells if nbs.PARAMETERS_TAG in c.metadata.get("tags", [])), None)
+    if cell is None:
+        return None
+    return inspect_source(str(cell.source)) if cell.cell_type == "code" else []
+
+
+def inspect_notebook(
+    notebook_path: Any, parameters: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, str]]:
+    """papermill's ``inspect_notebook``: name -> ``{name, inferred_type_name, default,
+    help}`` for each parameter of the ``parameters`` cell (``inferred_type_name`` is
+    "None" where the cell gives no type); empty without such a cell."""
+    found = notebook_parameters(notebook_path, parameters) or []
+    return {p.name: dataclasses.asdict(p) for p in found}
+
+
 def prepare_run(
     input_path: Any,
     output_path: str | os.PathLike[str] | None = None,
@@ -89,8 +151,8 @@ def prepare_run(
     before anything is written.
     """
     params = dict(parameters or {})
-    where, data = _input(input_path)
-    output_path = _path(output_path)
+    where, data = _input(parameterize_path(input_path, params))
+    output_path = _path(parameterize_path(output_path, params))
     source = _abs(where) if where != "<NotebookNode>" else where
     assert source is not None
     nb = nbs.parse(data, repr(where))
@@ -268,10 +330,11 @@ def execute_notebook(
     if prepare_only:
         data = store.read("input.ipynb")
         assert data is not None
-        if output_path is not None:
+        output = store.require_run()["spec"].get("output")
+        if output:
             from ._store import write_url
 
-            write_url(os.fspath(output_path), data)
+            write_url(output, data)
         return nbs.parse(data, "input.ipynb")
     on_output = outputs_to(_log_output if log_output else None, stdout_file, stderr_file)
     _run_sync(Runner(store, RunnerOptions(on_output=on_output, progress=bar, handle_signals=False)))

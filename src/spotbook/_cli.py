@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from ._api import outputs_to, prepare_run
+from ._api import inspect_notebook, notebook_parameters, outputs_to, prepare_run
 from ._errors import (
     CellError,
     ExecutionTimeoutError,
@@ -41,7 +41,7 @@ from ._models import (
     Limits,
     SnapshotPolicy,
 )
-from ._parameters import collect_parameters
+from ._parameters import Parameter, collect_parameters
 from ._progress import ProgressBar
 from ._runner import Runner, RunnerOptions
 from ._status import ClusterView, describe, local_runs
@@ -71,10 +71,13 @@ def exit_code(exc: BaseException) -> int:
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     """papermill's flags, same names and meaning, plus spotbook's own."""
+    _add_parameter_flags(p, "where to write the result; - for stdout")
+    _add_execution_flags(p)
+
+
+def _add_parameter_flags(p: argparse.ArgumentParser, output_help: str) -> None:
     p.add_argument("input", metavar="INPUT", help="notebook path or fsspec URL; - for stdin")
-    p.add_argument(
-        "output", metavar="OUTPUT", nargs="?", help="where to write the result; - for stdout"
-    )
+    p.add_argument("output", metavar="OUTPUT", nargs="?", help=output_help)
     g = p.add_argument_group("parameters (as papermill)")
     g.add_argument(
         "-p",
@@ -104,6 +107,9 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--inject-output-path", action="store_true", help="PAPERMILL_OUTPUT_PATH = OUTPUT"
     )
     g.add_argument("--inject-paths", action="store_true", help="both of the above")
+
+
+def _add_execution_flags(p: argparse.ArgumentParser) -> None:
     e = p.add_argument_group("execution (as papermill)")
     e.add_argument("-k", "--kernel", help="kernel name (default: the notebook's)")
     e.add_argument("-l", "--language", help="the notebook's language (spotbook: python)")
@@ -141,6 +147,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--prepare-only",
         action="store_true",
         help="write the parameterised notebook without running it",
+    )
+    e.add_argument(
+        "--help-notebook",
+        action="store_true",
+        help="show the notebook's parameters (as `spotbook inspect`) and exit",
     )
     e.add_argument(
         "--request-save-on-cell-execute",
@@ -364,6 +375,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run a notebook (papermill's flags), saving progress")
     _add_run_flags(run)
+    ins = sub.add_parser(
+        "inspect",
+        help="the notebook's parameters: names, types, defaults, help (papermill's "
+        "--help-notebook)",
+        description="List the parameters the cell tagged 'parameters' assigns: name, type "
+        "(an annotation or a '# type:' comment), default and the help comment that ends the "
+        "line. -p/-r/-y/-f/-b fill a templated INPUT path, as papermill does.",
+    )
+    _add_parameter_flags(ins, "accepted for papermill's argument order; not used")
+    ins.add_argument("--json", action="store_true", help="papermill's inspect_notebook dict")
     res = sub.add_parser("resume", help="continue a killed run after its last saved cell")
     res.add_argument("run", metavar="RUN", help="run id or run store URL")
     res.add_argument("--log-output", action="store_true")
@@ -593,18 +614,50 @@ def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> Ru
     )
 
 
+def _show_parameters(where: str, found: list[Parameter] | None) -> None:
+    """papermill's --help-notebook listing: name, type, default, and the help comment
+    in a column of its own."""
+    print(f"Parameters inferred for notebook '{where}':")
+    if found is None:
+        print("  No cell tagged 'parameters'")
+    elif not found:
+        print("  No parameters assigned in the cell tagged 'parameters'")
+    for p in found or []:
+        head = f"  {p.name}: {p.shown_type()} (default {p.default})"
+        if not p.help:
+            print(head)
+        elif len(head) < 34:
+            print(f"{head:<34}{p.help}")
+        else:
+            print(f"{head}\n{'':<34}{p.help}")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    params = _parameters(args)
+    if args.json:
+        print(json.dumps(inspect_notebook(_stdin_notebook(args), params), indent=2))
+        return 0
+    _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), params))
+    return 0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.help_notebook:
+        _check_engine(args)
+        _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
+        return 0
     store = _prepare(args)
     run_id = store.require_run()["spec"]["run_id"]
     print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
     if args.prepare_only:
         data = store.read("input.ipynb")
+        output = store.require_run()["spec"].get("output")
         if args.output == "-" and data is not None:
             sys.stdout.write(data.decode())
-        elif args.output and data is not None:
+        elif output and data is not None:
             from ._store import write_url
 
-            write_url(args.output, data)
+            write_url(output, data)
         return 0
     if args.output != "-":
         return _run_runner(store, args)
@@ -1387,6 +1440,7 @@ class _PlanStepError(StorageError):
 
 COMMANDS = {
     "run": _cmd_run,
+    "inspect": _cmd_inspect,
     "resume": _cmd_resume,
     "status": _cmd_status,
     "runs": _cmd_runs,

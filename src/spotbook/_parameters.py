@@ -7,10 +7,16 @@
 
 from __future__ import annotations
 
+import ast
 import base64
+import contextlib
+import io
 import keyword
 import math
+import re
+import tokenize
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +154,109 @@ def render_python(params: Mapping[str, Any]) -> str:
     lines = ["# Parameters"]
     lines += [f"{name} = {render_literal(value)}" for name, value in params.items()]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A parameter found in a notebook's ``parameters`` cell, as papermill's
+    ``inspect_notebook`` reports one: ``inferred_type_name`` is the annotation (or a
+    ``# type:`` comment), "None" when there is none; ``default`` is the value's source
+    on one line; ``help`` the comment that ends the assignment."""
+
+    name: str
+    inferred_type_name: str
+    default: str
+    help: str
+
+    def shown_type(self) -> str:
+        """The type to show a person: the declared one, else the type of a literal
+        default (``0.5`` is a float), else "Unknown type" as papermill says."""
+        if self.inferred_type_name != "None":
+            return self.inferred_type_name
+        try:
+            return type(ast.literal_eval(self.default)).__name__
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return "Unknown type"
+
+
+_TYPE_COMMENT = re.compile(r"^type:\s*(?P<type>\S+)\s*(?P<help>.*)$")
+
+
+def inspect_source(source: str) -> list[Parameter]:
+    """The parameters a ``parameters`` cell assigns, in order: every top-level
+    assignment of one name, annotated or not. Lines Python cannot parse (IPython
+    magics, half-written code) are left out, not fatal."""
+    lines = source.splitlines()
+    tree = None
+    for _ in range(len(lines) + 1):
+        try:
+            tree = ast.parse("\n".join(lines))
+            break
+        except SyntaxError as exc:
+            bad = (exc.lineno or 0) - 1
+            if not 0 <= bad < len(lines) or not lines[bad].strip():
+                return []
+            lines[bad] = ""  # drop the line and try again
+    if tree is None:
+        return []
+    comments = _comments("\n".join(lines))
+    found: list[Parameter] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, annotation = node.targets[0], None
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, annotation = node.target, node.annotation
+        else:
+            continue
+        if not isinstance(target, ast.Name) or node.end_lineno is None:
+            continue
+        value = node.value
+        assert value is not None
+        help_text = comments.get(node.end_lineno, (0, ""))[1]
+        type_name = "None"
+        if annotation is not None:
+            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+                type_name = annotation.value
+            else:
+                type_name = ast.unparse(annotation)
+        typed = _TYPE_COMMENT.match(help_text)
+        if typed:
+            if annotation is None:
+                type_name = typed["type"]
+            help_text = typed["help"]
+        found.append(
+            Parameter(
+                name=target.id,
+                inferred_type_name=type_name,
+                default=_one_line(lines, value),
+                help=help_text.strip(),
+            )
+        )
+    return found
+
+
+def _comments(source: str) -> dict[int, tuple[int, str]]:
+    """Line number -> (column, text) of the comment that ends that line."""
+    out: dict[int, tuple[int, str]] = {}
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                out[tok.start[0]] = (tok.start[1], tok.string.lstrip("#").strip())
+    return out
+
+
+def _one_line(lines: list[str], node: ast.expr) -> str:
+    """The source of an expression spread over lines, joined as it reads: each line
+    stripped, comments dropped (papermill's spelling of a multi-line default)."""
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    chunk = lines[node.lineno - 1 : node.end_lineno]
+    chunk[-1] = chunk[-1][: node.end_col_offset]
+    chunk[0] = chunk[0][node.col_offset :]
+    text = "\n".join(chunk)
+    comments = _comments(text)
+    parts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if number in comments:
+            line = line[: comments[number][0]]
+        parts.append(line.strip())
+    return "".join(parts)
