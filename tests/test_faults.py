@@ -68,7 +68,7 @@ def test_kernel_dying_after_the_notice_is_a_preemption(tmp_path: Path) -> None:
 
 
 def test_kernel_dying_in_a_snapshot_says_so(tmp_path: Path) -> None:
-    """Pickling the state kills the kernel (as running out of memory would): exit 1,
+    """Pickling the state kills the kernel (as running out of memory would): exit 138,
     named, never an internal error."""
     write_notebook(
         tmp_path / "nb.ipynb",
@@ -77,14 +77,14 @@ def test_kernel_dying_in_a_snapshot_says_so(tmp_path: Path) -> None:
         "print(y)",
     )
     r = _run_every_cell(tmp_path)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 138, r.stderr
     assert "the kernel died while taking the snapshot after cell 0" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
     assert _status(tmp_path)["status"] == "failed"
 
 
 def test_kernel_dying_in_a_restore_says_so(tmp_path: Path) -> None:
-    """Unpickling the state kills the kernel: exit 1, named; the store is kept."""
+    """Unpickling the state kills the kernel: exit 138, named; the store is kept."""
     write_notebook(
         tmp_path / "nb.ipynb",
         "import os\nclass Bomb:\n    def __reduce__(self):\n        return (os._exit, (9,))\n"
@@ -96,7 +96,7 @@ def test_kernel_dying_in_a_restore_says_so(tmp_path: Path) -> None:
     assert r.returncode == 1 and "AssertionError" in r.stderr, r.stderr
     (tmp_path / "go").write_text("")
     r = cli("resume", "rd", cwd=tmp_path)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 138, r.stderr
     assert "the kernel died while restoring the state before cell 2" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
 

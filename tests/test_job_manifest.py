@@ -110,7 +110,7 @@ def test_failure_policy_retries_preemption_and_fails_fast_on_real_errors() -> No
     assert fail["onExitCodes"] == {
         "containerName": "notebook",
         "operator": "In",
-        "values": [1, 2, 4, 5, 6],
+        "values": [1, 2, 4, 5, 6, 138],
     }
     # 3 (storage) and 75 (SIGTERM without a DisruptionTarget) count against backoffLimit
     assert 3 not in fail["onExitCodes"]["values"] and 75 not in fail["onExitCodes"]["values"]

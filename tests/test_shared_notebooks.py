@@ -31,7 +31,7 @@ OK = 0
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
 # notebook -> (exit code, text the user sees on stderr)
 EXPECTED = {
-    "nbclient/Autokill.ipynb": (1, "kernel died while running cell 0"),
+    "nbclient/Autokill.ipynb": (138, "kernel died while running cell 0"),
     "nbclient/Check History in Memory.ipynb": (OK, "succeeded"),
     "nbclient/Clear Output.ipynb": (OK, "succeeded"),
     "nbclient/Disable Stdin.ipynb": (1, "StdinNotImplementedError"),

@@ -216,7 +216,7 @@ def test_limits_validate() -> None:
     ("exc", "code"),
     [
         (CellExecutionError(cell_index=1, execution_count=1, ename="E", evalue="v"), 1),
-        (KernelDiedError(cell_index=1, execution_count=None), 1),
+        (KernelDiedError(cell_index=1, execution_count=None), 138),
         (ParameterError("x"), 2),
         (NotebookFormatError("x"), 2),
         (InputChangedError("x"), 2),

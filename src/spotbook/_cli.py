@@ -19,6 +19,7 @@ from ._api import inspect_notebook, notebook_parameters, outputs_to, prepare_run
 from ._errors import (
     CellError,
     ExecutionTimeoutError,
+    KernelDiedError,
     PreemptionBudgetError,
     ResumeRefusedError,
     RunNotFoundError,
@@ -33,6 +34,7 @@ from ._jobs import CANCELLED, JOB_RECORD
 from ._models import (
     EXIT_BUDGET,
     EXIT_CELL_ERROR,
+    EXIT_KERNEL_DIED,
     EXIT_RESUME_REFUSED,
     EXIT_STOPPED,
     EXIT_STORAGE,
@@ -58,6 +60,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ResumeRefusedError, EXIT_RESUME_REFUSED),
     (StoreIntegrityError, EXIT_USAGE),
     (UsageError, EXIT_USAGE),
+    (KernelDiedError, EXIT_KERNEL_DIED),
     (CellError, EXIT_CELL_ERROR),
 )
 

@@ -193,7 +193,17 @@ EXIT_TIMEOUT = 4  # a cell or the whole run took too long
 EXIT_BUDGET = 5  # preemption budget exhausted
 EXIT_RESUME_REFUSED = 6  # --strict-resume: the resumed run could differ from an uninterrupted one
 EXIT_STOPPED = 75  # stopped on SIGTERM after saving progress
+# the kernel died in a cell, a snapshot or a restore (before any notice): papermill's
+# code for a dead kernel, so scripts written for papermill keep telling it apart
+EXIT_KERNEL_DIED = 138
 # What a retry cannot fix: the Job's podFailurePolicy fails the Job on these at once.
 EXIT_CODES_FAIL_JOB = frozenset(
-    {EXIT_CELL_ERROR, EXIT_USAGE, EXIT_TIMEOUT, EXIT_BUDGET, EXIT_RESUME_REFUSED}
+    {
+        EXIT_CELL_ERROR,
+        EXIT_USAGE,
+        EXIT_TIMEOUT,
+        EXIT_BUDGET,
+        EXIT_RESUME_REFUSED,
+        EXIT_KERNEL_DIED,
+    }
 )

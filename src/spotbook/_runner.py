@@ -687,7 +687,7 @@ class Runner:
     @contextlib.asynccontextmanager
     async def _kernel_may_die(self, index: int, during: str) -> AsyncIterator[None]:
         """The kernel dying outside a cell: a preemption after the notice (exit 75),
-        else KernelDiedError saying when (exit 1), never an internal error."""
+        else KernelDiedError saying when (exit 138), never an internal error."""
         try:
             yield
         except KernelDied:
