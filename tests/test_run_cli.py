@@ -107,11 +107,14 @@ def test_progress_bar_is_tqdms_on_stderr_by_default(work: Path) -> None:
     assert "100%" in r.stderr and "| 5/5 [" in r.stderr and "cell/s]" in r.stderr
     assert "Executing print(alpha, name, flag, items, opt): " in r.stderr
     assert "Executing import os: " in r.stderr
+    # as papermill: --log-output turns the bar off unless it is asked for
     r = cli("run", "params.ipynb", "out.ipynb", "--log-output", cwd=work)
+    assert "default False" in r.stderr and "%|" not in r.stderr
+    r = cli("run", "params.ipynb", "out.ipynb", "--log-output", "--progress-bar", cwd=work)
     assert "Executing: 100%" in r.stderr and "Executing import os" not in r.stderr
     # papermill's marker names a cell whatever --log-output says
     write_notebook(work / "named.ipynb", "x = 1  # papermill_description=setup", "y = 2")
-    r = cli("run", "named.ipynb", "o2.ipynb", "--log-output", cwd=work)
+    r = cli("run", "named.ipynb", "o2.ipynb", "--log-output", "--progress-bar", cwd=work)
     assert "Executing setup: " in r.stderr and "| 2/2 [" in r.stderr
     # the bar never reaches the log (the pod's worker leaves it off)
     r = cli("run", "params.ipynb", "out.ipynb", "--no-progress-bar", cwd=work)
@@ -139,7 +142,14 @@ def test_failing_cell_is_marked_and_exits_1(work: Path) -> None:
     assert "Traceback" not in r.stderr
     out = load(work / "out.ipynb")
     top = out["cells"][0]
-    assert top["cell_type"] == "markdown" and "ValueError: bad value 1" in "".join(top["source"])
+    # papermill's banner word for word, what failed in its metadata
+    assert top["cell_type"] == "markdown" and "In [2]</a>" in "".join(top["source"])
+    assert top["metadata"]["tags"] == ["papermill-error-cell-tag"]
+    assert top["metadata"]["spotbook"] == {
+        "failed_cell": 1,
+        "ename": "ValueError",
+        "evalue": "bad value 1",
+    }
     # the banner first, papermill's anchor just before the failing cell (input cell 1)
     assert "papermill-error-cell" in "".join(out["cells"][2]["source"])
     assert out["cells"][3]["metadata"]["spotbook"]["status"] == "failed"

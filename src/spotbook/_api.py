@@ -42,6 +42,8 @@ from ._store import (
     resolve_run,
 )
 
+log = logging.getLogger(__name__)
+
 # papermill engine arguments that have no meaning here (progress is always saved)
 _PAPERMILL_NO_OPS = frozenset({"autosave_cell_every"})
 # engine_name values that mean spotbook's own engine (nbclient runs the cells)
@@ -111,6 +113,13 @@ def notebook_parameters(
     cell = next((c for c in nb.cells if nbs.PARAMETERS_TAG in c.metadata.get("tags", [])), None)
     if cell is None:
         return None
+    if nbs.kernel_language(nb) != "python":
+        log.warning(
+            "%s is a %s notebook: spotbook reads the parameters of Python notebooks only",
+            where,
+            nbs.kernel_language(nb),
+        )
+        return []
     return inspect_source(str(cell.source)) if cell.cell_type == "code" else []
 
 

@@ -135,14 +135,14 @@ def _add_execution_flags(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--progress-bar",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="tqdm's bar on stderr, as papermill draws it (default on)",
+        help="tqdm's bar on stderr, as papermill draws it (default: on unless --log-output)",
     )
     e.add_argument("--execution-timeout", type=float, metavar="S", help="limit per cell")
     e.add_argument("--start-timeout", "--start_timeout", type=float, default=60.0, metavar="S")
     e.add_argument(
         "--autosave-cell-every",
         type=int,
+        default=30,
         metavar="S",
         help="accepted for papermill compatibility; progress is saved after every cell",
     )
@@ -396,7 +396,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse (exit 6) when the resumed run could differ from an uninterrupted one",
     )
-    res.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=True)
+    res.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        help="tqdm's bar on stderr (default: on unless --log-output)",
+    )
     _add_common(res)
     st = sub.add_parser("status", help="where a run stands (store, and cluster if submitted)")
     st.add_argument("run", metavar="RUN", help="run id or run store URL")
@@ -526,7 +530,10 @@ def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
         grace=args.grace,
         strict_resume=bool(getattr(args, "strict_resume", False)),
         on_output=on_output,
-        progress=ProgressBar(args.progress_bar, describe_cells=not args.log_output),
+        progress=ProgressBar(
+            not args.log_output if args.progress_bar is None else args.progress_bar,
+            describe_cells=not args.log_output,
+        ),
         on_overrun=_exit_now,
     )
     try:

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 _CELL_TYPES = frozenset({"code", "markdown", "raw"})
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
+# the tag spotbook's own banners carried before they became papermill's alone: an
+# output notebook of an older spotbook has them, and they are stale on a rerun
 ERROR_TAG = "spotbook-error"
 # papermill's tag on its error banner and anchor: tools find (and remove) them by it
 PAPERMILL_ERROR_TAG = "papermill-error-cell-tag"
@@ -149,16 +151,23 @@ def remove_error_markers(nb: Notebook) -> Notebook:
     return nb
 
 
+def kernel_language(nb: Notebook) -> str:
+    """The notebook's language, as its kernelspec (or language_info) says; python when
+    neither does."""
+    return str(
+        (nb.metadata.get("kernelspec") or {}).get("language")
+        or (nb.metadata.get("language_info") or {}).get("name")
+        or "python"
+    )
+
+
 def inject_parameters(nb: Notebook, params: Mapping[str, Any]) -> Notebook:
     """A copy of ``nb`` with an ``injected-parameters`` cell, as papermill places it (and
     without an earlier run's error banners)."""
     nb = copy.deepcopy(remove_error_markers(nb))
     if not params:
         return nb
-    language = (nb.metadata.get("kernelspec") or {}).get("language") or (
-        nb.metadata.get("language_info") or {}
-    ).get("name", "python")
-    if language != "python":
+    if (language := kernel_language(nb)) != "python":
         raise ParameterError(
             f"this notebook's kernel language is {language!r}; spotbook injects parameters "
             "into Python notebooks only"
@@ -272,7 +281,14 @@ def assemble(
     if failed is not None:
         index, rec = failed
         out.cells.insert(index, _marker(out, _anchor_text()))
-        out.cells.insert(0, _marker(out, _banner_text(index, rec)))
+        banner = _marker(out, _banner_text(rec))
+        err = rec.get("error") or {}
+        banner.metadata["spotbook"] = {
+            "failed_cell": index,
+            "ename": err.get("ename", "Error"),
+            "evalue": err.get("evalue", ""),
+        }
+        out.cells.insert(0, banner)
     return out
 
 
@@ -282,15 +298,13 @@ def _iso(ts: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat()
 
 
-def _banner_text(index: int, rec: Mapping[str, Any]) -> str:
-    """papermill's banner (a link to the anchor), then what failed, in spotbook's words."""
-    err = rec.get("error") or {}
+def _banner_text(rec: Mapping[str, Any]) -> str:
+    """papermill's banner, word for word (tools match it): a link to the anchor. Which
+    cell failed and how is in the banner cell's ``metadata.spotbook``."""
     count = rec.get("execution_count")
     return (
         f"<span {_BANNER_STYLE}>An Exception was encountered at "
         f"'<a href=\"#papermill-error-cell\">In [{count}]</a>'.</span>"
-        f"\n\nspotbook: cell {index} raised `{err.get('ename', 'Error')}: "
-        f"{err.get('evalue', '')}`; the failing cell shows the traceback."
     )
 
 
@@ -303,7 +317,7 @@ def _anchor_text() -> str:
 
 def _marker(nb: Notebook, text: str) -> Any:
     cell = _fit_cell(nb, nbformat.v4.new_markdown_cell(source=text))
-    cell.metadata["tags"] = [PAPERMILL_ERROR_TAG, ERROR_TAG]
+    cell.metadata["tags"] = [PAPERMILL_ERROR_TAG]
     return cell
 
 
