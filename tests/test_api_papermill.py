@@ -233,7 +233,7 @@ def test_papermills_kinds_of_arguments(tmp_path: Path) -> None:
     assert again.metadata.spotbook.run_id != nb.metadata.spotbook.run_id
     with pytest.raises(spotbook.UsageError, match="engine_name 'dask'"):
         spotbook.execute_notebook(node, None, engine_name="dask")
-    with pytest.raises(spotbook.UsageError, match="language 'R'"):
+    with pytest.raises(spotbook.UsageError, match="R notebook: spotbook runs Python"):
         spotbook.execute_notebook(node, None, language="R")
 
 
@@ -371,3 +371,36 @@ def test_paths_are_templates_as_in_papermill(tmp_path: Path) -> None:
     )
     assert (tmp_path / "api_x.ipynb").exists()
     assert nb.metadata.papermill.output_path == str(tmp_path / "api_x.ipynb")
+
+
+def test_other_languages_are_parameterised_but_not_run(tmp_path: Path) -> None:
+    """An R notebook gets papermill's R parameters with --prepare-only (no R kernel is
+    needed); running it is refused by name (exit 2) with nothing written."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "ir", "display_name": "R", "language": "R"}
+    cell = nbformat.v4.new_code_cell("alpha = 0.5")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, nbformat.v4.new_code_cell("print(alpha)")]
+    nbformat.write(nb, tmp_path / "r.ipynb")
+    r = cli(
+        "run", "r.ipynb", "p.ipynb", "-p", "alpha", "2", "-y", "ok: true",
+        "--prepare-only", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    injected = load(tmp_path / "p.ipynb")["cells"][1]
+    assert "".join(injected["source"]) == "# Parameters\nok = TRUE\nalpha = 2\n"
+    bad = cli("run", "r.ipynb", "o.ipynb", "-p", "alpha", "2", cwd=tmp_path)
+    assert bad.returncode == 2 and "R notebook" in bad.stderr and "--prepare-only" in bad.stderr
+    assert not (tmp_path / "o.ipynb").exists()
+    # -l names the language for a notebook that does not say it
+    py = cli(
+        "run", str(NOTEBOOKS / "params.ipynb"), "j.ipynb", "-l", "julia", "-p", "name", "x",
+        "--prepare-only", cwd=tmp_path,
+    )  # fmt: skip
+    assert py.returncode == 0, py.stderr
+    sources = ["".join(c["source"]) for c in load(tmp_path / "j.ipynb")["cells"]]
+    assert '# Parameters\nname = "x"\n' in sources
+    with pytest.raises(spotbook.UsageError, match="julia notebook"):
+        spotbook.execute_notebook(str(NOTEBOOKS / "params.ipynb"), None, language="julia")

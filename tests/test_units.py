@@ -319,3 +319,59 @@ def test_inspect_keeps_what_papermill_skips_and_survives_broken_lines() -> None:
     ]
     assert [p.shown_type() for p in found] == ["Unknown type", "dict"]
     assert inspect_source("def f(:\n") == []
+
+
+LANGUAGE_VALUES = {
+    "s": "say \"hi\"\n\tto ünïcode \\ $HOME 'q'",
+    "n": 3,
+    "big": 2**40,
+    "neg": -5,
+    "f": 1e-05,
+    "inf": float("inf"),
+    "yes": True,
+    "no": False,
+    "nothing": None,
+    "items": [1, "two", [3.5, None], False],
+    "table": {"a": 1, "b c": ["x", {"d": True}], "e": None},
+    "_private": "p",
+}
+# papermill's (kernel name, language) keys, and what it cannot write in each
+LANGUAGE_KEYS = {
+    ("ir", "R"): (),
+    ("sparkrkernel", ""): (),
+    ("scala", "scala"): (),
+    ("sparkkernel", ""): (),
+    ("julia-1.9", "julia"): (),
+    ("matlab", "matlab"): (),
+    (".net-csharp", "C#"): ("nothing", "items", "table"),  # C#: no spelling of None
+    (".net-fsharp", "F#"): (),
+    (".net-powershell", "PowerShell"): (),
+    ("bash", "bash"): ("table",),  # bash: no maps
+    ("python3", "python"): (),
+    ("pysparkkernel", ""): (),
+}
+
+
+@pytest.mark.parametrize(("kernel", "language"), list(LANGUAGE_KEYS))
+def test_parameters_are_written_in_each_language_as_papermill_writes_them(
+    kernel: str, language: str
+) -> None:
+    from papermill.translators import translate_parameters
+
+    from spotbook._languages import parameters_cell
+
+    unsupported = LANGUAGE_KEYS[(kernel, language)]
+    params = {k: v for k, v in LANGUAGE_VALUES.items() if k not in unsupported}
+    ours = parameters_cell(kernel, language, params)
+    assert ours == translate_parameters(kernel, language, params, "Parameters")
+    assert ours.count("\n") >= len(params)
+    for name in unsupported:
+        with pytest.raises(spotbook.ParameterError, match="no "):
+            parameters_cell(kernel, language, {name: LANGUAGE_VALUES[name]})
+
+
+def test_an_unknown_language_is_refused_by_name() -> None:
+    from spotbook._languages import parameters_cell
+
+    with pytest.raises(spotbook.ParameterError, match=r"kernel 'cobol'.*pass -k/-l"):
+        parameters_cell("cobol", "cobol", {"a": 1})

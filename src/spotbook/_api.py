@@ -149,6 +149,8 @@ def prepare_run(
     here: bool = True,
     runs_dir: str | None = None,
     report_mode: bool = False,
+    language: str | None = None,
+    prepare_only: bool = False,
 ) -> RunStore:
     """Freeze the parameterised notebook into a run store (or reopen a matching one).
 
@@ -156,8 +158,10 @@ def prepare_run(
     ``here``: the run will execute on this machine, so its kernel must be installed here
     (``submit`` passes False: the kernel is in the image). Without ``run_dir`` the store
     is ``runs_dir/<run id>`` (default: ``.spotbook/runs`` here). ``report_mode`` hides
-    the code cells' input, as papermill's does. Bad input of every kind is refused
-    before anything is written.
+    the code cells' input, as papermill's does. ``language`` overrides the notebook's
+    (parameters are written in it); a notebook that is not Python can only be
+    ``prepare_only`` (frozen with its parameters, never run). Bad input of every kind is
+    refused before anything is written.
     """
     params = dict(parameters or {})
     where, data = _input(parameterize_path(input_path, params))
@@ -165,7 +169,14 @@ def prepare_run(
     source = _abs(where) if where != "<NotebookNode>" else where
     assert source is not None
     nb = nbs.parse(data, repr(where))
-    nb = nbs.inject_parameters(nb, params)
+    language = language or nbs.kernel_language(nb)
+    nb = nbs.inject_parameters(nb, params, kernel_name, language)
+    if language != "python" and not prepare_only:
+        raise UsageError(
+            f"this is a {language} notebook: spotbook runs Python notebooks only (it "
+            "restores a Python kernel's state after a preemption); prepare_only "
+            "(--prepare-only) writes it with its parameters without running it"
+        )
     if report_mode:
         for cell in nb.cells:
             if cell.cell_type == "code":
@@ -174,7 +185,7 @@ def prepare_run(
         check_writable(output_path)
     if cwd is not None and not os.path.isdir(cwd):
         raise UsageError(f"--cwd {cwd!r} is not a directory")
-    if here:
+    if here and not prepare_only:
         check_kernel(nbs.kernel_name(nb, kernel_name))
     run_id = new_run_id()
     if run_dir:
@@ -310,10 +321,6 @@ def execute_notebook(
             f"engine_name {engine_name!r}: spotbook runs notebooks with its own engine "
             "(nbclient underneath); leave it out or give 'nbclient'"
         )
-    if language not in (None, "python"):
-        raise UsageError(
-            f"language {language!r}: spotbook writes parameters for Python kernels only"
-        )
     # every cell's progress is saved to the run store whatever
     # request_save_on_cell_execute says
     del request_save_on_cell_execute
@@ -335,6 +342,8 @@ def execute_notebook(
         restart=restart,
         strict_resume=strict_resume,
         runs_dir=None if run_dir else library_runs_dir(),
+        language=language,
+        prepare_only=prepare_only,
     )
     if prepare_only:
         data = store.read("input.ipynb")

@@ -586,8 +586,12 @@ def _check_engine(args: argparse.Namespace) -> None:
             f"--engine {args.engine}: spotbook runs notebooks with its own engine (nbclient "
             "underneath); leave --engine out"
         )
-    if args.language not in (None, "python"):
-        raise UsageError(f"--language {args.language}: spotbook runs Python notebooks only")
+    if args.language not in (None, "python") and not getattr(args, "prepare_only", False):
+        raise UsageError(
+            f"--language {args.language}: spotbook runs Python notebooks only (it restores a "
+            "Python kernel's state); --prepare-only writes the notebook with its parameters "
+            "in that language without running it"
+        )
 
 
 def _stdin_notebook(args: argparse.Namespace) -> Any:
@@ -612,6 +616,8 @@ def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> Ru
         None if args.output == "-" else args.output,
         parameters=_parameters(args),
         report_mode=args.report_mode,
+        language=args.language,
+        prepare_only=bool(getattr(args, "prepare_only", False)),
         kernel_name=args.kernel,
         cwd=args.cwd,
         limits=_limits(args),
@@ -827,7 +833,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         from . import _notebook as nbs
         from ._store import new_run_id, read_url
 
-        nbs.inject_parameters(nbs.parse(read_url(args.input), repr(args.input)), _parameters(args))
+        nbs.inject_parameters(
+            nbs.parse(read_url(args.input), repr(args.input)),
+            _parameters(args),
+            args.kernel,
+            args.language,
+        )
         _limits(args)
         manifest = build_job(
             JobOptions(run_id=new_run_id(), namespace=args.namespace or "default", **job_kwargs)

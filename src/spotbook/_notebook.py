@@ -18,8 +18,8 @@ from typing import Any
 
 import nbformat
 
-from ._errors import NotebookFormatError, ParameterError
-from ._parameters import render_python
+from ._errors import NotebookFormatError
+from ._languages import parameters_cell
 
 Notebook = Any  # nbformat.NotebookNode; untyped upstream
 log = logging.getLogger(__name__)
@@ -161,19 +161,22 @@ def kernel_language(nb: Notebook) -> str:
     )
 
 
-def inject_parameters(nb: Notebook, params: Mapping[str, Any]) -> Notebook:
-    """A copy of ``nb`` with an ``injected-parameters`` cell, as papermill places it (and
-    without an earlier run's error banners)."""
+def inject_parameters(
+    nb: Notebook,
+    params: Mapping[str, Any],
+    kernel: str | None = None,
+    language: str | None = None,
+) -> Notebook:
+    """A copy of ``nb`` with an ``injected-parameters`` cell, as papermill places it and
+    in the kernel's language (and without an earlier run's error banners)."""
     nb = copy.deepcopy(remove_error_markers(nb))
     if not params:
         return nb
-    if (language := kernel_language(nb)) != "python":
-        raise ParameterError(
-            f"this notebook's kernel language is {language!r}; spotbook injects parameters "
-            "into Python notebooks only"
-        )
+    source = parameters_cell(
+        kernel_name(nb, kernel), language or kernel_language(nb), params
+    )
     cells = [c for c in nb.cells if INJECTED_TAG not in c.metadata.get("tags", [])]
-    new = _fit_cell(nb, nbformat.v4.new_code_cell(source=render_python(params)))
+    new = _fit_cell(nb, nbformat.v4.new_code_cell(source=source))
     new.metadata["tags"] = [INJECTED_TAG]
     where = next(
         (i + 1 for i, c in enumerate(cells) if PARAMETERS_TAG in c.metadata.get("tags", [])),
