@@ -37,7 +37,7 @@ def _timed(op: Any) -> float:
 def _measure(kind: str, st: servers.Storage) -> tuple[Any, ...]:
     import fsspec
 
-    from spotbook import _store
+    from spotbook.store import runstore as _store
 
     os.environ.update(st.direct_env)
     bucket = st.bucket()
@@ -63,7 +63,7 @@ def _measure(kind: str, st: servers.Storage) -> tuple[Any, ...]:
 
 
 def main() -> None:
-    from spotbook import _store
+    from spotbook.store import runstore as _store
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -81,7 +81,7 @@ def _wait(pred, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
 
 
 def save_restore(rd: str, tmp: Path, env: dict[str, str], mb: int) -> dict[str, float]:
-    from spotbook._store import RunStore
+    from spotbook.store.runstore import RunStore
 
     n = mb * 1_000_000 // 8 // 5
     nb = write_notebook(
@@ -116,7 +116,7 @@ def save_restore(rd: str, tmp: Path, env: dict[str, str], mb: int) -> dict[str, 
 def sigterm(
     rd: str, tmp: Path, env: dict[str, str], mb: int, cooperative: bool
 ) -> dict[str, float]:
-    from spotbook._store import RunStore
+    from spotbook.store.runstore import RunStore
 
     chunk = mb * 1_000_000 // 4
     src = (COOPERATIVE if cooperative else STUBBORN).format(chunk=chunk)

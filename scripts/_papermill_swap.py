@@ -17,8 +17,8 @@ import papermill.inspection
 import pytest
 
 import spotbook
-from spotbook import _cli
-from spotbook._parameters import resolve_type
+from spotbook.cli import main as _cli
+from spotbook.notebook.parameters import resolve_type
 
 papermill.execute.execute_notebook = spotbook.execute_notebook
 papermill.execute_notebook = spotbook.execute_notebook

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from spotbook._store import RunStore
+from spotbook.store.runstore import RunStore
 
 from .nbwrite import write_notebook as write_notebook  # the tests import it from here
 from .servers import FakeKube, Storage, start_azure, start_gcs, start_s3

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from spotbook._checkpoints import CheckpointDir
 from spotbook._errors import StoreIntegrityError, SupersededError
-from spotbook._store import RunStore
+from spotbook.store.checkpoints import CheckpointDir
+from spotbook.store.runstore import RunStore
 
 from .conftest import cli
 

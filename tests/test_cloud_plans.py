@@ -18,8 +18,9 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kv
 
-from spotbook import _gpus as gpus
-from spotbook._cloud_plans import (
+from spotbook._errors import UsageError
+from spotbook.kube import gpus as gpus
+from spotbook.kube.plans import (
     PlanOptions,
     aks_device_plugin,
     aks_plan,
@@ -30,7 +31,6 @@ from spotbook._cloud_plans import (
     image_for,
     submit_hint,
 )
-from spotbook._errors import UsageError
 
 from .conftest import cli
 

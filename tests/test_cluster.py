@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from spotbook._store import RunStore
+from spotbook.store.runstore import RunStore
 
 from .conftest import cli, kill, start_cli, wait_for
 from .servers import FakeKube
@@ -404,7 +404,7 @@ def test_submit_keeps_secrets_in_secrets(work: Path, kube: FakeKube) -> None:
     (secret,) = kube.objects("secrets")
     assert secret["metadata"]["name"] == "spotbook-run-key"
     key = base64.b64decode(secret["data"]["key"])
-    from spotbook._integrity import load_key
+    from spotbook.store.integrity import load_key
 
     assert key == load_key().secret  # made from this machine's key: it can resume here
     (job,) = kube.objects("jobs")

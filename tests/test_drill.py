@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spotbook._store import RunStore
+from spotbook.store.runstore import RunStore
 
 from .conftest import cells_committed, cli, kill, start_cli, wait_for, write_notebook
 from .servers import FakeKube
@@ -202,7 +202,7 @@ def test_drill_never_signals_a_process_that_reused_the_runners_pid(work: Path) -
     import subprocess
     import sys
 
-    from spotbook._environment import process_started
+    from spotbook.attempt.environment import process_started
 
     assert cli("run", "sleepy.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
     stranger = subprocess.Popen(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spotbook._store import RETRY_TRIES
+from spotbook.store.runstore import RETRY_TRIES
 
 from .conftest import Place, cli, kill, on, start_cli, wait_for, write_notebook
 from .servers import Storage
@@ -197,7 +197,7 @@ def test_a_superseded_attempt_writes_nothing_on_its_way_out(tmp_path: Path, grac
         env={"HOLD": "1"} if grace == "0" else {},
     )  # fmt: skip
     wait_for(lambda: (tmp_path / "started").exists(), timeout=120, what="the cell to start")
-    from spotbook._store import RunStore
+    from spotbook.store.runstore import RunStore
 
     store = RunStore(str(tmp_path / "rd"))
     assert store.claim_attempt({"outcome": "running", "resumed_from": 1}) == 2  # the newer one
@@ -228,7 +228,7 @@ def test_storage_retries_stop_at_the_deadline() -> None:
     made, and the last error is raised (the time to exit stays bounded)."""
     import time
 
-    from spotbook._store import with_retries
+    from spotbook.store.runstore import with_retries
 
     calls: list[int] = []
 

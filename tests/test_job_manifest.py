@@ -13,7 +13,7 @@ import yaml
 from kubernetes_validate import utils as kv
 
 from spotbook._errors import UsageError
-from spotbook._job_manifest import (
+from spotbook.kube.manifest import (
     PROVIDERS,
     JobOptions,
     build_job,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from spotbook._store import RunStore
 from spotbook._worker import resolve_target
+from spotbook.store.runstore import RunStore
 
 from .conftest import (
     NOTEBOOKS,
@@ -85,7 +85,7 @@ def download(url: str) -> dict[str, Any]:
 
 _STORE_SCRIPT = """
 import json, sys, threading
-from spotbook._store import RunStore
+from spotbook.store.runstore import RunStore
 from spotbook._worker import resolve_target
 url, who = sys.argv[1], sys.argv[2]
 store = RunStore(url)

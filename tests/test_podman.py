@@ -145,7 +145,7 @@ def image() -> dict[str, Any]:
 @pytest.fixture
 def key_file(tmp_path: Path) -> Path:
     """This machine's run key as a pod gets it: a read-only file from a Secret."""
-    from spotbook._integrity import load_key
+    from spotbook.store.integrity import load_key
 
     load_key()  # made on first use, in the session's config dir (conftest)
     path = tmp_path / "key"
@@ -213,13 +213,13 @@ def prepared(tmp_path: Path, storages: dict[str, Storage]) -> Iterator[tuple[str
 
 
 def _committed(rd: str) -> int:
-    from spotbook._store import RunStore
+    from spotbook.store.runstore import RunStore
 
     return len(RunStore(rd).cell_records())
 
 
 def _output(rd: str) -> list[Any]:
-    from spotbook._store import RunStore
+    from spotbook.store.runstore import RunStore
 
     raw = RunStore(rd).read("output.ipynb")
     assert raw is not None
@@ -285,7 +285,7 @@ def test_the_classic_variables_end_to_end(
     st = storages["s3"]
     bucket = st.bucket()
     write_notebook(tmp_path / "nb.ipynb", "x = 6 * 7", "print(x)")
-    from spotbook._store import read_url, write_url
+    from spotbook.store.runstore import read_url, write_url
 
     write_url(f"{bucket}/in/nb.ipynb", (tmp_path / "nb.ipynb").read_bytes())
     env = (

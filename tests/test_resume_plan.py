@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spotbook._executor import python_transform
-from spotbook._resume import cell_names, plan_resume
+from spotbook.attempt.executor import python_transform
+from spotbook.attempt.replay import cell_names, plan_resume
 
 SOURCES = [
     "import os\nimport numpy as np",  # 0

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from spotbook._integrity import Key, Seal, load_key, safe_relpath
-from spotbook._store import RunStore
+from spotbook.store.integrity import Key, Seal, load_key, safe_relpath
+from spotbook.store.runstore import RunStore
 
 from .conftest import cli, start_cli, wait_for, write_notebook
 

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 import spotbook
-from spotbook import _notebook as nbs
-from spotbook._cli import exit_code
 from spotbook._errors import (
     CellExecutionError,
     InputChangedError,
@@ -24,8 +22,10 @@ from spotbook._errors import (
     Terminated,
 )
 from spotbook._models import Limits, SnapshotMode, SnapshotPolicy
-from spotbook._parameters import collect_parameters, render_python, resolve_type
-from spotbook._store import CellKey, RunStore
+from spotbook.cli.main import exit_code
+from spotbook.notebook import document as nbs
+from spotbook.notebook.parameters import collect_parameters, render_python, resolve_type
+from spotbook.store.runstore import CellKey, RunStore
 
 from .conftest import NOTEBOOKS
 
@@ -272,7 +272,7 @@ def test_a_torn_last_record_line_is_ignored(tmp_path: Path) -> None:
 
 
 def test_progress_description_is_papermills_marker_or_the_first_line() -> None:
-    from spotbook._progress import ProgressBar, description
+    from spotbook.attempt.progress import ProgressBar, description
 
     assert description("a = 1  # papermill_description=load-data\nb", first_line=False) == (
         "load-data"
@@ -302,7 +302,7 @@ def test_inspect_reads_parameters_as_papermill_does(source: str) -> None:
     import nbformat
     from papermill.translators import PythonTranslator
 
-    from spotbook._parameters import inspect_source
+    from spotbook.notebook.parameters import inspect_source
 
     theirs = [p._asdict() for p in PythonTranslator.inspect(nbformat.v4.new_code_cell(source))]
     ours = [dataclasses.asdict(p) for p in inspect_source(source)]
@@ -310,7 +310,7 @@ def test_inspect_reads_parameters_as_papermill_does(source: str) -> None:
 
 
 def test_inspect_keeps_what_papermill_skips_and_survives_broken_lines() -> None:
-    from spotbook._parameters import inspect_source
+    from spotbook.notebook.parameters import inspect_source
 
     found = inspect_source("d = a == 3\n= 2\nlr = {'a': 1,\n  'b': 2}  # rates\nfor i in x: pass\n")
     assert [(p.name, p.default, p.help) for p in found] == [
@@ -358,7 +358,7 @@ def test_parameters_are_written_in_each_language_as_papermill_writes_them(
 ) -> None:
     from papermill.translators import translate_parameters
 
-    from spotbook._languages import parameters_cell
+    from spotbook.notebook.languages import parameters_cell
 
     unsupported = LANGUAGE_KEYS[(kernel, language)]
     params = {k: v for k, v in LANGUAGE_VALUES.items() if k not in unsupported}
@@ -371,7 +371,7 @@ def test_parameters_are_written_in_each_language_as_papermill_writes_them(
 
 
 def test_an_unknown_language_is_refused_by_name() -> None:
-    from spotbook._languages import parameters_cell
+    from spotbook.notebook.languages import parameters_cell
 
     with pytest.raises(spotbook.ParameterError, match=r"kernel 'cobol'.*pass -k/-l"):
         parameters_cell("cobol", "cobol", {"a": 1})

@@ -34,8 +34,8 @@ from ._errors import (
     Terminated,
     UsageError,
 )
-from ._in_kernel import checkpoint_dir, preempted
 from ._models import Limits, RunStatus, SnapshotMode, SnapshotPolicy
+from .kernel.helpers import checkpoint_dir, preempted
 
 if TYPE_CHECKING:
     from ._api import execute_notebook, inspect_notebook, prepare_run, resume_run

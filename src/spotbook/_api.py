@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import _notebook as nbs
 from ._errors import (
     CellExecutionError,
     InputChangedError,
@@ -26,13 +25,14 @@ from ._errors import (
     UsageError,
     papermill_compatible,
 )
-from ._executor import check_kernel
-from ._integrity import Key, load_key
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
-from ._parameters import Parameter, inspect_source
-from ._progress import ProgressBar
-from ._runner import Runner, RunnerOptions, RunResult
-from ._store import (
+from .attempt.executor import check_kernel
+from .attempt.progress import ProgressBar
+from .attempt.runner import Runner, RunnerOptions, RunResult
+from .notebook import document as nbs
+from .notebook.parameters import Parameter, inspect_source
+from .store.integrity import Key, load_key
+from .store.runstore import (
     RunStore,
     check_writable,
     is_url,
@@ -350,7 +350,7 @@ def execute_notebook(
         assert data is not None
         output = store.require_run()["spec"].get("output")
         if output:
-            from ._store import write_url
+            from .store.runstore import write_url
 
             write_url(output, data)
         return nbs.parse(data, "input.ipynb")

@@ -8,10 +8,10 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from . import _notebook as nbs
-from ._jobs import CANCELLED, JOB_RECORD, epoch
 from ._models import Outcome, RunSpec, RunStatus
-from ._store import LOCAL_RUNS, RunStore
+from .kube.jobs import CANCELLED, JOB_RECORD, epoch
+from .notebook import document as nbs
+from .store.runstore import LOCAL_RUNS, RunStore
 
 
 def alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ._api import prepare_run
 from ._errors import InputChangedError, UsageError
-from ._store import RunStore
+from .store.runstore import RunStore
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import nbformat
 
-from ._errors import NotebookFormatError
-from ._languages import parameters_cell
+from .._errors import NotebookFormatError
+from .languages import parameters_cell
 
 Notebook = Any  # nbformat.NotebookNode; untyped upstream
 log = logging.getLogger(__name__)
@@ -172,9 +172,7 @@ def inject_parameters(
     nb = copy.deepcopy(remove_error_markers(nb))
     if not params:
         return nb
-    source = parameters_cell(
-        kernel_name(nb, kernel), language or kernel_language(nb), params
-    )
+    source = parameters_cell(kernel_name(nb, kernel), language or kernel_language(nb), params)
     cells = [c for c in nb.cells if INJECTED_TAG not in c.metadata.get("tags", [])]
     new = _fit_cell(nb, nbformat.v4.new_code_cell(source=source))
     new.metadata["tags"] = [INJECTED_TAG]

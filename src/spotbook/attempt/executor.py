@@ -27,7 +27,7 @@ from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from ._errors import KernelNotFoundError, StorageError
+from .._errors import KernelNotFoundError, StorageError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ParameterError
-from ._parameters import render_python
+from .._errors import ParameterError
+from .parameters import render_python
 
 _INT32 = range(-(2**31), 2**31)
 

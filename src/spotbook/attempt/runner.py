@@ -28,11 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import __version__
-from . import _notebook as nbs
-from ._checkpoints import CheckpointDir
-from ._environment import nvidia_gpus, where
-from ._errors import (
+from .. import __version__
+from .._errors import (
     CellExecutionError,
     CellTimeoutError,
     KernelDiedError,
@@ -45,7 +42,13 @@ from ._errors import (
     Terminated,
     UsageError,
 )
-from ._executor import (
+from .._models import EXIT_MARGIN, SAVE_BUDGET, Clock, Outcome, RunSpec, RunStatus, SnapshotMode
+from ..notebook import document as nbs
+from ..store.checkpoints import CheckpointDir
+from ..store.integrity import make_private_dirs
+from ..store.runstore import CellKey, RunStore
+from .environment import nvidia_gpus, where
+from .executor import (
     CellResult,
     KernelDied,
     KernelSession,
@@ -53,12 +56,9 @@ from ._executor import (
     kernel_env,
     python_transform,
 )
-from ._fidelity import FidelityReport
-from ._integrity import make_private_dirs
-from ._models import EXIT_MARGIN, SAVE_BUDGET, Clock, Outcome, RunSpec, RunStatus, SnapshotMode
-from ._progress import Progress
-from ._resume import ResumePlan, plan_resume
-from ._store import CellKey, RunStore
+from .fidelity import FidelityReport
+from .progress import Progress
+from .replay import ResumePlan, plan_resume
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -824,7 +824,7 @@ class Runner:
         data = nbs.dumps(nb).encode()
         self.store.write("output.ipynb", data)
         if (final if to_output is None else to_output) and self.spec.output:
-            from ._store import write_url
+            from ..store.runstore import write_url
 
             write_url(self.spec.output, data)
         self._last_refresh = time.monotonic()

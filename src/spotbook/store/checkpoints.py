@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import StoreIntegrityError, SupersededError
-from ._integrity import inside, make_private_dirs
-from ._store import RunStore
+from .._errors import StoreIntegrityError, SupersededError
+from .integrity import inside, make_private_dirs
+from .runstore import RunStore
 
 log = logging.getLogger(__name__)
 _CHUNK = 1 << 20

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._job_manifest import LABEL_QUEUE
-from ._models import EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
+from .._models import EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
+from .manifest import LABEL_QUEUE
 
 JOB_RECORD = "job.json"  # in the run store: which cluster, namespace and Job run it
 CANCELLED = "cancelled.json"  # in the run store: the user cancelled the run

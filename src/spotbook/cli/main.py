@@ -14,9 +14,9 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
-from ._api import inspect_notebook, notebook_parameters, outputs_to, prepare_run
-from ._errors import (
+from .. import __version__
+from .._api import inspect_notebook, notebook_parameters, outputs_to, prepare_run
+from .._errors import (
     CellError,
     ExecutionTimeoutError,
     KernelDiedError,
@@ -29,9 +29,7 @@ from ._errors import (
     Terminated,
     UsageError,
 )
-from ._job_manifest import ANNOTATION_RUN_DIR
-from ._jobs import CANCELLED, JOB_RECORD
-from ._models import (
+from .._models import (
     EXIT_BUDGET,
     EXIT_CELL_ERROR,
     EXIT_KERNEL_DIED,
@@ -43,11 +41,13 @@ from ._models import (
     Limits,
     SnapshotPolicy,
 )
-from ._parameters import Parameter, collect_parameters
-from ._progress import ProgressBar
-from ._runner import Runner, RunnerOptions
-from ._status import ClusterView, describe, local_runs
-from ._store import RunStore, is_url, resolve_run
+from .._status import ClusterView, describe, local_runs
+from ..attempt.progress import ProgressBar
+from ..attempt.runner import Runner, RunnerOptions
+from ..kube.jobs import CANCELLED, JOB_RECORD
+from ..kube.manifest import ANNOTATION_RUN_DIR
+from ..notebook.parameters import Parameter, collect_parameters
+from ..store.runstore import RunStore, is_url, resolve_run
 
 log = logging.getLogger("spotbook")
 
@@ -216,7 +216,7 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_submit_flags(p: argparse.ArgumentParser) -> None:
-    from ._job_manifest import DEFAULT_BACKOFF, PROVIDERS
+    from ..kube.manifest import DEFAULT_BACKOFF, PROVIDERS
 
     _add_cluster_flags(p)
     k = p.add_argument_group("the Job")
@@ -298,8 +298,8 @@ def _add_submit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_plan_flags(p: argparse.ArgumentParser, provider: str) -> None:
-    from ._cloud_plans import KSA_DEFAULT
-    from ._gpus import DEFAULT_GPU
+    from ..kube.gpus import DEFAULT_GPU
+    from ..kube.plans import KSA_DEFAULT
 
     if provider == "gke":
         p.add_argument("--project", help="Google Cloud project")
@@ -671,7 +671,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.output == "-" and data is not None:
             sys.stdout.write(data.decode())
         elif output and data is not None:
-            from ._store import write_url
+            from ..store.runstore import write_url
 
             write_url(output, data)
         return 0
@@ -694,7 +694,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from ._worker import open_target, resolve_target
+    from .._worker import open_target, resolve_target
 
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
         os.environ.get("SPOTBOOK_SNAPSHOT_KEY") or os.environ.get("SPOTBOOK_SNAPSHOT_KEY_FILE")
@@ -716,7 +716,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cluster_for(args: argparse.Namespace, record: dict[str, Any] | None = None) -> Any:
-    from ._kube import Cluster
+    from ..kube.cluster import Cluster
 
     record = record or {}
     return Cluster(
@@ -756,8 +756,7 @@ def _job_record(store: RunStore) -> dict[str, Any]:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from ._integrity import load_key
-    from ._job_manifest import (
+    from ..kube.manifest import (
         DEFAULT_KEY_SECRET,
         DEFAULT_MAX_PREEMPTIONS,
         JobOptions,
@@ -768,6 +767,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         parse_secret_env,
         secret_looking,
     )
+    from ..store.integrity import load_key
 
     if not args.run_dir or not is_url(args.run_dir):
         raise UsageError(
@@ -830,8 +830,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.dry_run:
-        from . import _notebook as nbs
-        from ._store import new_run_id, read_url
+        from ..notebook import document as nbs
+        from ..store.runstore import new_run_id, read_url
 
         nbs.inject_parameters(
             nbs.parse(read_url(args.input), repr(args.input)),
@@ -894,7 +894,7 @@ def _print_manifest(manifest: dict[str, Any], fmt: str) -> None:
 
 
 def _follow(cluster: Any, store: RunStore, run_id: str) -> int:
-    from ._jobs import follow, job_view
+    from ..kube.jobs import follow, job_view
 
     def say(line: str) -> None:
         print(f"spotbook: {line}", file=sys.stderr, flush=True)
@@ -912,8 +912,8 @@ def _follow(cluster: Any, store: RunStore, run_id: str) -> int:
 def _cluster_view(args: argparse.Namespace, cluster: Any = None) -> ClusterView:
     """``describe``'s window on the cluster: the Job and its pods, or the error that
     kept them from view; through ``cluster`` when the caller holds one."""
-    from ._jobs import job_view
-    from ._kube import ClusterError
+    from ..kube.cluster import ClusterError
+    from ..kube.jobs import job_view
 
     def view(run_id: str, record: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -960,7 +960,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    from ._kube import ClusterError
+    from ..kube.cluster import ClusterError
 
     store = _open_run(args)
     run_id = store.require_run()["spec"]["run_id"]
@@ -981,7 +981,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
-    from ._jobs import describe_pod, pod_view
+    from ..kube.jobs import describe_pod, pod_view
 
     store = _open_run(args)
     run_id = store.require_run()["spec"]["run_id"]
@@ -1048,7 +1048,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         if cluster.get("reason"):
             why = cluster["reason"] + (f": {cluster['message']}" if cluster.get("message") else "")
             print(f"  {why}")
-        from ._jobs import describe_pod
+        from ..kube.jobs import describe_pod
 
         for v in cluster["pods"]:
             print(f"  {describe_pod(v)}")
@@ -1142,7 +1142,7 @@ def _attempt_details(a: dict[str, Any]) -> list[str]:
             f"{a.get('checkpoint_uploaded_bytes', 0)} bytes saved"
         )
     if a.get("fidelity"):
-        from ._fidelity import summary_lines
+        from ..attempt.fidelity import summary_lines
 
         out.extend(f"resume: {line}" for line in summary_lines(a["fidelity"]))
     return out
@@ -1165,8 +1165,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cluster_runs(args: argparse.Namespace) -> int:
-    from ._job_manifest import LABEL_RUN
-    from ._jobs import job_view
+    from ..kube.jobs import job_view
+    from ..kube.manifest import LABEL_RUN
 
     cluster = _cluster_for(args)
     jobs = cluster.list_jobs(all_namespaces=args.all_namespaces)
@@ -1220,8 +1220,8 @@ def _drill_local(
     import signal
     import socket
 
-    from ._models import SAVE_BUDGET
-    from ._status import alive
+    from .._models import SAVE_BUDGET
+    from .._status import alive
 
     current = attempts[-1] if attempts else {}
     pid = int(current.get("pid") or 0)
@@ -1235,7 +1235,7 @@ def _drill_local(
             f"run {run['spec']['run_id']} is not running on this machine (status "
             f"{run.get('status')}); start it with `spotbook run` or `spotbook resume`, then drill"
         )
-    from ._environment import process_started
+    from ..attempt.environment import process_started
 
     recorded, now = current.get("process_started"), process_started(pid)
     if recorded is not None and now is not None and abs(float(recorded) - now) > 2.0:
@@ -1269,7 +1269,7 @@ def _drill_local(
 def _drill_cluster(cluster: Any, run_id: str, args: argparse.Namespace) -> None:
     import subprocess
 
-    from ._jobs import pod_view
+    from ..kube.jobs import pod_view
 
     views = [pod_view(p) for p in cluster.pods(run_id)]
     live = [v for v in views if v["state"] == "running"]
@@ -1363,8 +1363,8 @@ def _report_recovery(
 
 
 def _cmd_cluster_plan(args: argparse.Namespace) -> int:
-    from . import _cloud_plans as plans
-    from ._job_manifest import parse_gpu
+    from ..kube import plans as plans
+    from ..kube.manifest import parse_gpu
 
     gpu, count = parse_gpu(args.gpu)
     zones = getattr(args, "node_locations", None) or ""
@@ -1404,7 +1404,7 @@ def _cmd_cluster_plan(args: argparse.Namespace) -> int:
 def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
     import subprocess
 
-    from . import _cloud_plans as plans
+    from ..kube import plans as plans
 
     todo = list(enumerate(steps, 1))[args.start - 1 :]
     if not todo:

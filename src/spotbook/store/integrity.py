@@ -36,7 +36,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import StoreIntegrityError, UsageError
+from .._errors import StoreIntegrityError, UsageError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._errors import UsageError
+from .._errors import UsageError
 
 CATALOGUE_DATE = "2026-11"
 LABEL_SPOTBOOK_GPU = "spotbook.dev/gpu"

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ._errors import ParameterError
+from .._errors import ParameterError
 
 
 def resolve_type(value: str) -> Any:

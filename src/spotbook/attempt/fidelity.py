@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._resume import ResumePlan
+from .replay import ResumePlan
 
 _PART = "\x00part:"
 

@@ -28,9 +28,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _gpus as gpus
-from ._errors import UsageError
-from ._models import EXIT_CODES_FAIL_JOB, EXIT_MARGIN, SAVE_BUDGET, Limits
+from .._errors import UsageError
+from .._models import EXIT_CODES_FAIL_JOB, EXIT_MARGIN, SAVE_BUDGET, Limits
+from . import gpus as gpus
 
 CONTAINER = "notebook"
 LABEL_RUN = "spotbook.dev/run-id"

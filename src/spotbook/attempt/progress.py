@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ._errors import UsageError
+from .._errors import UsageError
 
 _DESCRIPTION_MARK = "papermill_description="
 _WIDTH = 40  # characters of a cell's first line shown as the bar's description

@@ -52,14 +52,14 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ._errors import (
+from .._errors import (
     InputNotFoundError,
     RunNotFoundError,
     StorageError,
     StoreIntegrityError,
     UsageError,
 )
-from ._integrity import (
+from .integrity import (
     SEAL_FORMAT,
     Key,
     LegacySeal,

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._errors import SpotbookError, UsageError
-from ._integrity import Key
-from ._job_manifest import CONTAINER, KEY_SECRET_ITEM, LABEL_MANAGED, LABEL_RUN, job_name
+from .._errors import SpotbookError, UsageError
+from ..store.integrity import Key
+from .manifest import CONTAINER, KEY_SECRET_ITEM, LABEL_MANAGED, LABEL_RUN, job_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,8 +16,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import _gpus as gpus
-from ._errors import UsageError
+from .._errors import UsageError
+from . import gpus as gpus
 
 KSA_DEFAULT = "spotbook-runner"
 REPOSITORY_DEFAULT = "spotbook"  # the image repository (Artifact Registry, ECR)
