@@ -37,6 +37,7 @@ class Outcome(enum.StrEnum):
     KILLED = "killed"
     SUPERSEDED = "superseded"
     STORAGE_ERROR = "storage-error"
+    ERROR = "error"  # ended by something unexpected (a bug): the traceback says what
     RESUME_REFUSED = "resume-refused"
 
 

@@ -1,0 +1,366 @@
+"""The attempt's journal: what it writes to the run store about itself and its cells.
+
+One owner for the run's records: the attempt record (claimed exclusively, closed with
+its outcome), run.json's status, each cell's committed record (fenced: a superseded
+attempt stops instead of writing), output text over ``--max-output-bytes``, and the
+output notebook refreshed on a throttle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import __version__
+from .._errors import PreemptionBudgetError, SupersededError
+from .._models import Outcome, RunSpec, RunStatus
+from ..notebook import document as nbs
+from ..store.runstore import CellKey, RunStore
+from .environment import nvidia_gpus, where
+from .executor import CellResult, KernelSession
+
+log = logging.getLogger(__name__)
+
+# outcomes that count against --max-preemptions: preempted, and attempts still marked
+# running (killed without notice: node gone, SIGKILL), which cost the same
+_INTERRUPTED = {Outcome.PREEMPTED.value, Outcome.KILLED.value, Outcome.RUNNING.value}
+
+
+def start_index(nb: Any, records: dict[int, dict[str, Any]]) -> int:
+    """First executable cell without a completed record (len(cells) when all done)."""
+    for i, cell in enumerate(nb.cells):
+        if nbs.executable(cell) and records.get(i, {}).get("status") != "completed":
+            return i
+    return len(nb.cells)
+
+
+def exited_early(records: dict[int, dict[str, Any]]) -> bool:
+    return any(r.get("status") == "exited" for r in records.values())
+
+
+class Journal:
+    """The attempt's records in the store, and the output notebook made from them."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        run: dict[str, Any],
+        spec: RunSpec,
+        nb: Any,
+        clock: Callable[[], float],
+        output_refresh: float,
+    ) -> None:
+        self.store = store
+        self.spec = spec
+        self.nb = nb
+        self.clock = clock
+        self._run = run  # run.json as unsealed
+        self.records: dict[int, dict[str, Any]] = {}
+        self.attempt = 0
+        self.attempt_rec: dict[str, Any] = {}
+        self.blob_bytes = 0  # written by the kernel, reported in the attempt record
+        self._output_refresh = output_refresh
+        self._last_refresh = 0.0
+        self._refresh_cost = 0.0
+        # cell -> the whole text of outputs cut to --max-output-bytes (its hash is sealed
+        # in the cell's record)
+        self._spilled: dict[int, dict[str, str]] = {}
+
+    # -- the attempt record ------------------------------------------------------------
+    def check_budget(self) -> None:
+        limit = self.spec.limits.max_preemptions
+        if limit is None:
+            return
+        used = sum(1 for a in self.store.attempts() if a.get("outcome") in _INTERRUPTED)
+        if used > limit:
+            message = (
+                f"run {self.spec.run_id} was interrupted {used} times, more than its budget "
+                f"of {limit} (--max-preemptions); see `spotbook status {self.store.url}`, and "
+                "resume with a larger --max-preemptions if the interruptions were not the "
+                "notebook's fault"
+            )
+            self.set_status(RunStatus.FAILED, message)
+            raise PreemptionBudgetError(message)
+
+    def claim(self, start: int) -> None:
+        self.attempt_rec = {
+            **where(),
+            "started": self.clock(),
+            "resumed_from": start,
+            "outcome": Outcome.RUNNING.value,
+        }
+        gpus = nvidia_gpus()
+        if gpus is not None:
+            self.attempt_rec["gpus"] = gpus
+        self.attempt = self.store.claim_attempt(self.attempt_rec)
+        self.attempt_rec["attempt"] = self.attempt
+        removed = self.store.remove_partials()  # what a killed writer left half-made
+        if removed:
+            log.info("removed %d partial files a killed attempt left in the store", removed)
+        self.set_status(RunStatus.RUNNING)
+        log.info(
+            "run %s attempt %d starting at cell %d (%s)",
+            self.spec.run_id,
+            self.attempt,
+            start,
+            self.store.url,
+        )
+
+    def note(self, **fields: Any) -> None:
+        """Add to the attempt record and write it (the attempt owns that file)."""
+        self.attempt_rec.update(fields)
+        self.store.update_attempt(self.attempt, self.attempt_rec)
+
+    def end(self, outcome: Outcome, **extra: Any) -> None:
+        self.attempt_rec.update(
+            outcome=outcome.value,
+            ended=self.clock(),
+            store_bytes=self.store.bytes_written + self.blob_bytes,
+            **extra,
+        )
+        # A superseded attempt still closes its own record (only it writes that file):
+        # so it is not taken for a preemption, nor counted against the budget. It
+        # writes nothing the newer attempt owns.
+        if outcome is not Outcome.SUPERSEDED:
+            self.store.update_attempt(self.attempt, self.attempt_rec)
+            return
+        with contextlib.suppress(Exception):  # best effort: the run is not ours any more
+            self.store.update_attempt(self.attempt, self.attempt_rec)
+
+    def set_status(self, status: RunStatus, message: str = "") -> None:
+        doc = {
+            "spec": self.spec.to_json(),
+            "status": status.value,
+            "message": message,
+            "attempt": self.attempt,
+            "updated": self.clock(),
+        }
+        if "seal" in self._run:  # the spec is unchanged, so its seal still holds
+            doc["seal"] = self._run["seal"]
+        self.store.write_json("run.json", doc)
+
+    def fence(self) -> None:
+        if self.store.superseded(self.attempt):
+            raise SupersededError(
+                f"attempt {self.attempt} of run {self.spec.run_id} was superseded by a newer "
+                "attempt (another runner took over this run); this one stopped without writing"
+            )
+
+    def elapsed_before(self) -> float:
+        """Compute already spent on this run by earlier attempts (for --timeout)."""
+        return sum(float(r.get("duration") or 0.0) for r in self.records.values())
+
+    def next_unfinished(self) -> int:
+        return start_index(self.nb, self.records)
+
+    # -- cell records --------------------------------------------------------------
+    def record(
+        self,
+        index: int,
+        result: CellResult,
+        t0: float,
+        duration: float,
+        status: str,
+        session: KernelSession,
+    ) -> dict[str, Any]:
+        """The record of a cell that ran (not yet committed)."""
+        rec: dict[str, Any] = {
+            "index": index,
+            "attempt": self.attempt,
+            "status": status,
+            "execution_count": result.execution_count,
+            "outputs": self.cap(index, result.outputs),
+            "metadata": result.metadata,
+            "start": t0,
+            "end": t0 + duration,
+            "duration": round(duration, 6),
+        }
+        if result.error:
+            # the traceback is in the cell's outputs already
+            rec["error"] = {k: v for k, v in result.error.items() if k != "traceback"}
+        if index in self._spilled:
+            rec["spilled"] = self._spilled.pop(index)
+        noted = cell_effects(result.reply)
+        for key in ("effects", "pre", "undo"):
+            if noted.get(key):
+                rec[key] = noted[key]
+        display_ids = session.display_ids(index)
+        if display_ids:
+            rec["display_ids"] = display_ids
+        return rec
+
+    def cap(self, index: int, outputs: list[Any]) -> list[Any]:
+        """Outputs as recorded; over --max-output-bytes the full text goes to the store."""
+        rel = f"outputs/{CellKey(index, self.attempt).name[:-5]}.txt"
+        capped, full = cap_outputs(outputs, self.spec.limits.max_output_bytes, rel)
+        if full is not None:
+            self.fence()
+            data = full.encode("utf-8", "replace")
+            self.store.write(rel, data)
+            self._spilled[index] = {"path": rel, "sha256": hashlib.sha256(data).hexdigest()}
+            log.warning(
+                "cell %d printed %d characters; the notebook keeps the head and tail, "
+                "the whole text is in %s/%s",
+                index,
+                len(full),
+                self.store.url,
+                rel,
+            )
+        return capped
+
+    def note_executed(self, index: int, undo: dict[str, Any]) -> None:
+        """A cell finished and wrote files, and a snapshot comes before its record: should
+        the run be killed in between, the cell runs again, and this note lets the resume
+        give it back those files as they were before it first ran."""
+        self.fence()
+        self.store.write_cell(
+            index,
+            self.attempt,
+            {"index": index, "attempt": self.attempt, "status": "executed", "undo": undo},
+        )
+
+    def commit(self, index: int, record: dict[str, Any]) -> None:
+        self.fence()
+        self.store.write_cell(index, self.attempt, record)
+        self.records[index] = record
+
+    def recommit_updated_displays(self, index: int, session: KernelSession) -> None:
+        """A cell may update a display an earlier cell made (display_id): re-record it."""
+        for earlier in sorted(session.take_touched(index)):
+            rec = self.records.get(earlier)
+            if rec is not None:
+                outputs = list(self.nb.cells[earlier].get("outputs", []))
+                updated = {**rec, "outputs": self.cap(earlier, outputs)}
+                if earlier in self._spilled:
+                    updated["spilled"] = self._spilled.pop(earlier)
+                self.commit(earlier, updated)
+
+    def commit_failure(self, index: int, t0: float, ename: str, evalue: str) -> None:
+        """A cell that did not end by itself (kernel death, a time limit): its outputs so
+        far, and the reason as its error."""
+        cell = self.nb.cells[index]
+        outputs = list(cell.get("outputs", []))
+        outputs.append(
+            {
+                "output_type": "error",
+                "ename": ename,
+                "evalue": evalue,
+                "traceback": [f"spotbook: {ename}: {evalue}"],
+            }
+        )
+        rec = {
+            "index": index,
+            "attempt": self.attempt,
+            "status": "failed",
+            "execution_count": cell.get("execution_count"),
+            "outputs": self.cap(index, outputs),
+            "metadata": {},
+            "start": t0,
+            "end": self.clock(),
+            "duration": round(self.clock() - t0, 6),
+            "error": {"ename": ename, "evalue": evalue},
+        }
+        with contextlib.suppress(SupersededError):
+            self.commit(index, rec)
+
+    # -- the output notebook ------------------------------------------------------------
+    def run_meta(self, final: bool) -> dict[str, Any]:
+        return {
+            "run_id": self.spec.run_id,
+            "run_dir": self.store.url,
+            "parameters": self.spec.parameters,
+            "attempt": self.attempt,
+            "input_path": self.spec.source,
+            "output_path": self.spec.output,
+            "final": final,
+            "version": __version__,
+        }
+
+    def refresh(
+        self,
+        session: KernelSession | None,
+        *,
+        force: bool = False,
+        final: bool = False,
+        running: int | None = None,
+        to_output: bool | None = None,
+    ) -> int:
+        """Write output.ipynb if due (and OUTPUT when the attempt ends); returns its size.
+        Due means ``output_refresh`` seconds since the last, and never more often than 20
+        times what the last write cost."""
+        now = time.monotonic()
+        due = now - self._last_refresh >= max(self._output_refresh, 20 * self._refresh_cost)
+        if not (force or due):
+            return 0
+        nb = nbs.assemble(self.nb, self.records, run_meta=self.run_meta(final), running=running)
+        widgets = session.widget_state() if session is not None else None
+        if widgets:  # as nbclient writes it: the widgets' state, for renderers
+            nb.metadata["widgets"] = widgets
+        data = nbs.dumps(nb).encode()
+        self.store.write("output.ipynb", data)
+        if (final if to_output is None else to_output) and self.spec.output:
+            from ..store.runstore import write_url
+
+            write_url(self.spec.output, data)
+        self._last_refresh = time.monotonic()
+        self._refresh_cost = self._last_refresh - now
+        return len(data)
+
+    def finish_already_done(self) -> None:
+        """Every cell has a record: write the output again and say the run succeeded."""
+        log.info("run %s has already finished; writing its output again", self.spec.run_id)
+        self.attempt = int(self._run.get("attempt", 0))
+        self.refresh(None, force=True, final=True)
+        if self._run.get("status") != RunStatus.SUCCEEDED.value:
+            # every cell is done (or there are none): whatever run.json said (pending,
+            # or running when a killed attempt committed the last cell), it succeeded
+            self.set_status(RunStatus.SUCCEEDED)
+
+
+def cell_effects(reply: dict[str, Any]) -> dict[str, Any]:
+    """What the kernel noted about a cell: its effects (files written, processes, random
+    draws) and, where a replay needs them, the cwd, environment and generators it
+    started from."""
+    import ast
+
+    value = (reply.get("user_expressions") or {}).get("spotbook") or {}
+    if value.get("status") != "ok":
+        return {}
+    try:
+        found = json.loads(ast.literal_eval(value["data"]["text/plain"]))
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def cap_outputs(outputs: list[Any], limit: int, stored_at: str) -> tuple[list[Any], str | None]:
+    """Keep a cell's stream text under ``limit`` characters: head and tail, with a note.
+
+    Returns the outputs to record and, when something was cut, the full text.
+    """
+    streams = [o for o in outputs if o.get("output_type") == "stream"]
+    total = sum(len(o.get("text", "")) for o in streams)
+    if total <= limit:
+        return [dict(o) for o in outputs], None
+    full = "".join(o.get("text", "") for o in streams)
+    out = []
+    for o in outputs:
+        o = dict(o)
+        if o.get("output_type") == "stream":
+            text = o["text"]
+            share = max(2, limit * len(text) // total)
+            if len(text) > share:
+                head, tail = text[: share // 2], text[-(share // 2) :]
+                omitted = len(text) - len(head) - len(tail)
+                o["text"] = (
+                    f"{head}\n[spotbook: {omitted} characters omitted: the cell printed "
+                    f"{total} characters, over the --max-output-bytes limit of {limit}; the "
+                    f"whole text is in the run store at {stored_at}]\n{tail}"
+                )
+        out.append(o)
+    return out, full

@@ -1,0 +1,242 @@
+"""Where state is restored: the newest usable snapshot loaded into the new kernel, the
+cells the resume plan says replayed around it, and the fidelity report of the result.
+When the state cannot be rebuilt, the attempt falls back to a fresh run from cell 0
+and says what that cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ResumeRefusedError
+from ..notebook import document as nbs
+from .executor import KernelDied, python_transform
+from .fidelity import FidelityReport
+from .replay import ResumePlan, plan_resume
+from .snapshots import KERNEL_MODULE, CannotRebuild
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+log = logging.getLogger(__name__)
+
+
+class _ReplayFailed(CannotRebuild):
+    """Internal: a replayed cell raised, or the kernel died replaying it."""
+
+
+class Restorer:
+    """Rebuilds the kernel's state for an attempt that resumes a run."""
+
+    def __init__(self, runner: Runner, undone: list[str]) -> None:
+        self.run = runner
+        self.undone = undone  # files given back to the cell that runs again
+
+    async def restore(self, start: int) -> tuple[ResumePlan | None, int]:
+        """Restore the newest usable snapshot and replay what the plan says.
+
+        Returns the plan and the cell to go on from: ``start``, or 0 when the state
+        could not be rebuilt and the attempt falls back to a fresh run.
+        """
+        run, journal, snaps = self.run, self.run.journal, self.run.snapshots
+        session = run.session
+        assert session is not None
+        records = journal.records
+        m0 = time.monotonic()
+        doc = snaps.usable
+        report = FidelityReport(snapshot=doc["name"] if doc else None, undone=self.undone)
+        failed: dict[str, str] = {}
+        kinds: dict[str, str] = {}
+        try:
+            if doc is not None:
+                if not run.store.local:
+                    await run.race(asyncio.to_thread(snaps.download, doc), grace=0.0, index=start)
+                env_failed = json.loads(
+                    await session.evaluate(
+                        f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
+                    )
+                )
+                await snaps.kernel_call(
+                    f"{KERNEL_MODULE}.reimport({snaps.blob_dir()!r}, {doc['imports']!r})", start
+                )
+                loaded = await snaps.load(doc, start)
+                failed = loaded["failed"]
+                kinds = {n: str(v.get("type", "")) for n, v in doc["vars"].items()}
+                report.restored(doc, failed, {**env_failed, **loaded["process_failed"]})
+                journal.attempt_rec["restored_bytes"] = loaded["bytes"]
+                journal.attempt_rec["load_seconds"] = round(loaded["seconds"], 4)
+            plan = plan_resume(
+                start=start,
+                executable=[nbs.executable(c) for c in run.nb.cells],
+                sources=nbs.cell_sources(run.nb),
+                tags=nbs.cell_tags(run.nb),
+                snapshot_after=doc["after"] if doc else None,
+                unrestored={n: kinds.get(n, "") for n in failed},
+                transform=python_transform,
+                effects={i: r.get("effects") or {} for i, r in records.items()},
+                undo={i: r["undo"] for i, r in records.items() if r.get("undo")},
+                rng_known=frozenset(
+                    i for i, r in records.items() if (r.get("pre") or {}).get("rng")
+                ),
+                stable=frozenset(
+                    n
+                    for n, v in (doc or {}).get("vars", {}).items()
+                    if v.get("kind") == "module" or v.get("type") in ("function", "type")
+                ),
+            )
+            report.planned(plan)
+            if plan.unrebuildable:
+                raise CannotRebuild(
+                    "; ".join(f"{n!r}: {why}" for n, why in sorted(plan.unrebuildable.items()))
+                )
+            self.refuse_if_strict(report)
+            for index in plan.head:
+                await self._set_pre(index, report)
+                await self._replay(index)
+            if doc is not None:
+                if plan.head:
+                    # what the chain changed in restored variables is undone; its own
+                    # variables stay
+                    await session.evaluate(
+                        f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
+                    )
+                    await snaps.load(doc, start, plan.keep)
+                missing = [n for n in plan.chains if not await self._bound(n)]
+                if missing:
+                    raise CannotRebuild(
+                        f"replaying its chain did not bind {', '.join(map(repr, missing))}"
+                    )
+                report.process_problems(
+                    json.loads(await session.evaluate(f"{KERNEL_MODULE}.apply_last()"))
+                )
+            if plan.give_back:
+                # the files the tail cells wrote, as they were before the first of them
+                report.undone.extend(undo_files(plan.tail[0], dict(plan.give_back)))
+            for index in plan.tail:
+                await self._replay(index)
+        except CannotRebuild as exc:
+            return None, await self._fall_back(str(exc), report)
+        self.refuse_if_strict(report)
+        last_count = max((r.get("execution_count") or 0 for r in records.values()), default=0)
+        if last_count:
+            with contextlib.suppress(RuntimeError):
+                await session.evaluate(f"{KERNEL_MODULE}.set_execution_count({last_count + 1})")
+        redone = sum(float(records.get(i, {}).get("duration") or 0.0) for i in plan.replay)
+        journal.note(
+            restored_snapshot=doc["name"] if doc else None,
+            unrestored=sorted(failed),
+            replayed=list(plan.replay),
+            restore_seconds=round(time.monotonic() - m0, 3),
+            redone_seconds=round(redone, 3),
+            fidelity=report.to_json(),
+            resumed_at=run.opts.clock(),  # from here on, cells that were never run
+        )
+        log.info(
+            "restored %s; replayed cells %s (%s)",
+            doc["name"] if doc else "no snapshot",
+            list(plan.replay),
+            "; ".join(f"{i}: {why}" for i, why in sorted(plan.reasons.items())) or "none",
+        )
+        for line in report.may_differ:
+            log.warning("may differ from an uninterrupted run: %s", line)
+        return plan, start
+
+    async def _set_pre(self, index: int, report: FidelityReport) -> None:
+        """Before a chain cell: the cwd, environment and generators it first started from."""
+        session, records = self.run.session, self.run.journal.records
+        assert session is not None
+        pre: dict[str, Any] = {}
+        for i in sorted((i for i in records if i <= index), reverse=True):
+            env = (records[i].get("pre") or {}).get("env")
+            if env is not None:
+                pre["env"] = env
+                break
+        rng = (records.get(index, {}).get("pre") or {}).get("rng")
+        if rng:
+            pre["rng"] = rng
+        if pre:
+            expr = f"{KERNEL_MODULE}.set_pre({json.dumps(pre)!r})"
+            report.process_problems(json.loads(await session.evaluate(expr)))
+
+    async def _bound(self, name: str) -> bool:
+        session = self.run.session
+        assert session is not None
+        return bool(await session.evaluate(f"{name!r} in get_ipython().user_ns"))
+
+    def refuse_if_strict(self, report: FidelityReport) -> None:
+        run = self.run
+        if (run.spec.strict_resume or run.opts.strict_resume) and not report.exact:
+            raise ResumeRefusedError(
+                f"run {run.spec.run_id} was not resumed (--strict-resume): the resumed run "
+                f"could differ from an uninterrupted one: {'; '.join(report.may_differ)}. "
+                f"Resume without --strict-resume to accept that, or start over with "
+                f"`spotbook run ... --restart`"
+            )
+
+    async def _fall_back(self, why: str, report: FidelityReport) -> int:
+        """The state cannot be rebuilt: run the notebook again from its first cell in a
+        fresh kernel, as this attempt, and say what it cost."""
+        run, journal = self.run, self.run.journal
+        report.may_differ.append(f"the kernel state could not be rebuilt ({why})")
+        self.refuse_if_strict(report)
+        redone = sum(float(r.get("duration") or 0.0) for r in journal.records.values())
+        log.warning(
+            "the kernel state could not be rebuilt (%s): running the notebook again from its "
+            "first cell in a fresh kernel (%.1f s of finished cells run again)",
+            why,
+            redone,
+        )
+        assert run.session is not None
+        await run.session.shutdown()
+        journal.records = {}
+        journal.note(
+            resumed_from=0,  # this attempt's records replace every earlier one's
+            fallback={"reason": why, "redone_seconds": round(redone, 3)},
+            replayed=[],
+            redone_seconds=round(redone, 3),
+            fidelity={**report.to_json(), "fallback": why},
+            resumed_at=run.opts.clock(),
+        )
+        await run.start_kernel(0)
+        assert run.session is not None
+        run.nb.metadata["language_info"] = run.session.language_info
+        return 0
+
+    async def _replay(self, index: int) -> None:
+        session = self.run.session
+        assert session is not None
+        try:
+            count = self.run.journal.records.get(index, {}).get("execution_count")
+            result = await self.run.race(session.replay_cell(index, count), grace=0.0, index=index)
+        except KernelDied:
+            raise _ReplayFailed(f"the kernel died while replaying cell {index}") from None
+        if result.error and not result.allowed_error:
+            raise _ReplayFailed(
+                f"replaying cell {index} raised {result.error['ename']}: {result.error['evalue']}"
+            )
+
+
+def undo_files(index: int, undo: dict[str, int | None]) -> list[str]:
+    """Give cell ``index``, which finished but was killed before its record was
+    committed, the files it wrote as they were before it first ran: it runs again."""
+    done = []
+    for path, size in sorted(undo.items()):
+        try:
+            if size is None:
+                if os.path.isfile(path):
+                    os.unlink(path)
+                    done.append(f"removed {path}, which cell {index} created")
+            elif os.path.getsize(path) > size:
+                os.truncate(path, size)
+                done.append(f"cut {path} back to the {size} bytes it had before cell {index}")
+        except OSError as exc:
+            done.append(f"could not restore {path} for cell {index} ({exc.strerror})")
+    for line in done:
+        log.info("cell %d runs again: %s", index, line)
+    return done
