@@ -48,6 +48,7 @@ from ..notebook import document as nbs
 from ..store.checkpoints import CheckpointDir
 from ..store.integrity import make_private_dirs
 from ..store.runstore import RunStore
+from .cells import CellLoop
 from .executor import KernelDied, KernelSession, check_kernel, kernel_env
 from .files_sync import FilesSync
 from .journal import Journal, exited_early, start_index
@@ -59,7 +60,6 @@ from .snapshots import KERNEL_MODULE, Snapshots
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_EXIT_OK = {"", "0", "None"}
 
 
 @dataclass(frozen=True)
@@ -248,13 +248,13 @@ class Runner:
                     index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
                 )
             if journal.records:
-                async with self._kernel_may_die(start, "while restoring the state before cell"):
+                async with self.kernel_may_die(start, "while restoring the state before cell"):
                     plan, start = await Restorer(self, self._undone).restore(start)
             if plan is None and journal.attempt > 1:
                 # a later attempt with nothing to restore: it is back on new cells now
                 journal.note(resumed_at=self.opts.clock())
             journal.refresh(self.session, force=True, running=start)
-            await self._run_cells(start)
+            await CellLoop(self).run_cells(start)
         except Terminated:
             if self.store.superseded(journal.attempt):
                 # a newer attempt owns the run: leave it run.json, output.ipynb and OUTPUT
@@ -363,7 +363,7 @@ class Runner:
                     notice.cell = "stopped" if notice.seen_by_cell() else "finished"
                     return task.result()
                 notice.cell = "interrupted"
-                raise Terminated(notice.signame, self._resume_hint())
+                raise Terminated(notice.signame, self.resume_hint())
             if deadline == cell_deadline and cell_timeout is not None:
                 raise CellTimeoutError(cell_index=index, timeout=cell_timeout)
             assert self.spec.limits.run_timeout is not None
@@ -374,104 +374,11 @@ class Runner:
                 with contextlib.suppress(BaseException):
                     await task
 
-    def _resume_hint(self) -> str:
+    def resume_hint(self) -> str:
         return f"continue with `spotbook resume {self.store.url}`"
 
-    # -- cells -------------------------------------------------------------------
-    async def _run_cells(self, start: int) -> None:
-        notice, journal, snaps = self.notice, self.journal, self.snapshots
-        assert self.session is not None and notice is not None
-        limits = self.spec.limits
-        runnable = [i for i, c in enumerate(self.nb.cells) if nbs.executable(c)]
-        last = runnable[-1]
-        bar = self.opts.progress
-        if bar is not None:
-            # papermill counts every cell, markdown too
-            bar.begin(len(self.nb.cells), start)
-        for index in range(start, len(self.nb.cells)):
-            cell = self.nb.cells[index]
-            if not nbs.executable(cell):
-                continue
-            if notice.given:
-                async with self._kernel_may_die(index - 1, "while taking the snapshot after cell"):
-                    await snaps.last(index - 1)
-                raise Terminated(notice.signame, self._resume_hint())
-            if bar is not None:
-                bar.cell(index, str(cell.source))
-            t0 = self.opts.clock()
-            m0 = time.monotonic()
-            try:
-                result = await self.race(
-                    self.session.run_cell(cell, index),
-                    grace=self.grace,
-                    index=index,
-                    cell_timeout=limits.execution_timeout,
-                )
-            except KernelDied:
-                if notice.given:
-                    # The node is going away: the runtime may kill the whole process
-                    # group when the grace runs out. A preemption, not the cell's fault:
-                    # nothing is recorded for the cell, which runs again on resume.
-                    log.info("the kernel died after the notice, during cell %d", index)
-                    notice.cell = "interrupted"
-                    raise Terminated(notice.signame, self._resume_hint()) from None
-                journal.commit_failure(index, t0, "KernelDied", "the kernel process died")
-                raise KernelDiedError(cell_index=index, execution_count=None) from None
-            except CellTimeoutError:
-                journal.commit_failure(
-                    index, t0, "CellTimeoutError", f"exceeded {limits.execution_timeout:g} s"
-                )
-                raise
-            except RunTimeoutError:
-                journal.commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
-                raise
-            if notice.given and notice.seen_by_cell():
-                # The cell saw spotbook.preempted() and stopped early: it is not finished.
-                # It runs again on resume, where it picks up from its checkpoint files.
-                log.info("cell %d stopped on the notice; it continues on resume", index)
-                raise Terminated(notice.signame, self._resume_hint())
-            duration = time.monotonic() - m0
-            status = "completed"
-            if result.error and not result.allowed_error:
-                exiting = result.error["ename"] == "SystemExit"
-                status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
-            record = journal.record(index, result, t0, duration, status, self.session)
-            undo = record.get("undo")
-            snap_due = status == "completed" and index != last and await snaps.due(duration)
-            if undo and snap_due:
-                journal.note_executed(index, undo)
-            if snap_due:
-                # Snapshot before the record: once a cell is committed, its effects are
-                # in the store too (when the policy snapshots), so a kill after the
-                # commit never makes a resume run it again. (Never after the last cell:
-                # there is nothing left to resume.)
-                try:
-                    async with self._kernel_may_die(index, "while taking the snapshot after cell"):
-                        await snaps.take(index)
-                except Terminated:
-                    journal.commit(index, record)
-                    raise
-            journal.commit(index, record)
-            journal.recommit_updated_displays(index, self.session)
-            if bar is not None:
-                bar.advance(len(self.nb.cells) if index == last else index + 1)
-            if status == "failed":
-                assert result.error is not None
-                raise CellExecutionError(
-                    cell_index=index,
-                    execution_count=result.execution_count,
-                    ename=result.error["ename"],
-                    evalue=result.error["evalue"],
-                    source=str(self.nb.cells[index].source),
-                    traceback=result.error.get("traceback"),
-                )
-            if status == "exited":
-                log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
-                return
-            journal.refresh(self.session, running=index + 1)
-
     @contextlib.asynccontextmanager
-    async def _kernel_may_die(self, index: int, during: str) -> AsyncIterator[None]:
+    async def kernel_may_die(self, index: int, during: str) -> AsyncIterator[None]:
         """The kernel dying outside a cell: a preemption after the notice (exit 75),
         else KernelDiedError saying when (exit 138), never an internal error."""
         try:
@@ -480,7 +387,7 @@ class Runner:
             assert self.notice is not None
             if self.notice.given:
                 log.info("the kernel died after the notice, %s %d", during, index)
-                raise Terminated(self.notice.signame, self._resume_hint()) from None
+                raise Terminated(self.notice.signame, self.resume_hint()) from None
             raise KernelDiedError(
                 cell_index=max(index, 0), execution_count=None, during=f"{during} {index}"
             ) from None

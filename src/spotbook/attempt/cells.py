@@ -1,0 +1,128 @@
+"""The cell loop of an attempt: each remaining cell raced against its time limit and
+the notice, recorded, maybe followed by a snapshot, then committed.
+
+The order is the guarantee: a snapshot that covers a cell is committed before the
+cell's record, so a committed cell never runs again on resume.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .._errors import (
+    CellExecutionError,
+    CellTimeoutError,
+    KernelDiedError,
+    RunTimeoutError,
+    Terminated,
+)
+from ..notebook import document as nbs
+from .executor import KernelDied
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+log = logging.getLogger(__name__)
+_EXIT_OK = {"", "0", "None"}  # SystemExit values that end a run successfully
+
+
+class CellLoop:
+    """Runs the cells of one attempt, from ``start`` to the end."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.run = runner
+
+    async def run_cells(self, start: int) -> None:
+        run = self.run
+        notice, journal, snaps = run.notice, run.journal, run.snapshots
+        assert run.session is not None and notice is not None
+        limits = run.spec.limits
+        runnable = [i for i, c in enumerate(run.nb.cells) if nbs.executable(c)]
+        last = runnable[-1]
+        bar = run.opts.progress
+        if bar is not None:
+            # papermill counts every cell, markdown too
+            bar.begin(len(run.nb.cells), start)
+        for index in range(start, len(run.nb.cells)):
+            cell = run.nb.cells[index]
+            if not nbs.executable(cell):
+                continue
+            if notice.given:
+                async with run.kernel_may_die(index - 1, "while taking the snapshot after cell"):
+                    await snaps.last(index - 1)
+                raise Terminated(notice.signame, run.resume_hint())
+            if bar is not None:
+                bar.cell(index, str(cell.source))
+            t0 = run.opts.clock()
+            m0 = time.monotonic()
+            try:
+                result = await run.race(
+                    run.session.run_cell(cell, index),
+                    grace=run.grace,
+                    index=index,
+                    cell_timeout=limits.execution_timeout,
+                )
+            except KernelDied:
+                if notice.given:
+                    # The node is going away: the runtime may kill the whole process
+                    # group when the grace runs out. A preemption, not the cell's fault:
+                    # nothing is recorded for the cell, which runs again on resume.
+                    log.info("the kernel died after the notice, during cell %d", index)
+                    notice.cell = "interrupted"
+                    raise Terminated(notice.signame, run.resume_hint()) from None
+                journal.commit_failure(index, t0, "KernelDied", "the kernel process died")
+                raise KernelDiedError(cell_index=index, execution_count=None) from None
+            except CellTimeoutError:
+                journal.commit_failure(
+                    index, t0, "CellTimeoutError", f"exceeded {limits.execution_timeout:g} s"
+                )
+                raise
+            except RunTimeoutError:
+                journal.commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
+                raise
+            if notice.given and notice.seen_by_cell():
+                # The cell saw spotbook.preempted() and stopped early: it is not finished.
+                # It runs again on resume, where it picks up from its checkpoint files.
+                log.info("cell %d stopped on the notice; it continues on resume", index)
+                raise Terminated(notice.signame, run.resume_hint())
+            duration = time.monotonic() - m0
+            status = "completed"
+            if result.error and not result.allowed_error:
+                exiting = result.error["ename"] == "SystemExit"
+                status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
+            record = journal.record(index, result, t0, duration, status, run.session)
+            undo = record.get("undo")
+            snap_due = status == "completed" and index != last and await snaps.due(duration)
+            if undo and snap_due:
+                journal.note_executed(index, undo)
+            if snap_due:
+                # Snapshot before the record: once a cell is committed, its effects are
+                # in the store too (when the policy snapshots), so a kill after the
+                # commit never makes a resume run it again. (Never after the last cell:
+                # there is nothing left to resume.)
+                try:
+                    async with run.kernel_may_die(index, "while taking the snapshot after cell"):
+                        await snaps.take(index)
+                except Terminated:
+                    journal.commit(index, record)
+                    raise
+            journal.commit(index, record)
+            journal.recommit_updated_displays(index, run.session)
+            if bar is not None:
+                bar.advance(len(run.nb.cells) if index == last else index + 1)
+            if status == "failed":
+                assert result.error is not None
+                raise CellExecutionError(
+                    cell_index=index,
+                    execution_count=result.execution_count,
+                    ename=result.error["ename"],
+                    evalue=result.error["evalue"],
+                    source=str(run.nb.cells[index].source),
+                    traceback=result.error.get("traceback"),
+                )
+            if status == "exited":
+                log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
+                return
+            journal.refresh(run.session, running=index + 1)
