@@ -231,6 +231,33 @@ def test_exit_codes_follow_design(exc: Exception, code: int) -> None:
     assert exit_code(exc) == code
 
 
+def test_retryable_errors_are_the_ones_the_job_retries() -> None:
+    """Every error class says by its ``retryable`` attribute whether a rerun may pass,
+    and the CLI's exit code for it agrees with the Job's failure policy: a retryable
+    error never exits with a code that fails the Job at once, and every other does."""
+    from spotbook._models import EXIT_CODES_FAIL_JOB, EXIT_STOPPED
+
+    classes = [
+        c
+        for c in (getattr(spotbook, n) for n in spotbook.__all__)
+        if isinstance(c, type) and issubclass(c, spotbook.SpotbookError)
+    ]
+    classes.remove(spotbook.SpotbookError)
+    assert len(classes) >= 20
+    for cls in classes:
+        err = cls.__new__(cls)
+        code = exit_code(err)
+        if cls.retryable:
+            assert code not in EXIT_CODES_FAIL_JOB, cls
+        else:
+            assert code in EXIT_CODES_FAIL_JOB and code != EXIT_STOPPED, cls
+    assert {c.__name__ for c in classes if c.retryable} == {
+        "StorageError",
+        "SupersededError",
+        "Terminated",
+    }
+
+
 def test_cell_timeout_is_also_a_builtin_timeout() -> None:
     assert issubclass(spotbook.CellTimeoutError, TimeoutError)
 

@@ -13,8 +13,8 @@
     ├── CellError                       the notebook itself failed (will fail again)
     │   ├── CellExecutionError          a cell raised
     │   └── KernelDiedError             the kernel process died during a cell
-    ├── StorageError                    run store / output location (may pass on retry)
-    │   └── SupersededError             a newer attempt took over this run
+    ├── StorageError                    run store / output location        [retryable]
+    ├── SupersededError                 a newer attempt took over this run [retryable]
     ├── ExecutionTimeoutError           (also a builtin TimeoutError)
     │   ├── CellTimeoutError            one cell exceeded --execution-timeout
     │   └── RunTimeoutError             the run exceeded --timeout
@@ -22,19 +22,27 @@
     ├── StoreIntegrityError             an object in the run store failed its check
     │   └── SnapshotIntegrityError      a snapshot (manifest or blob) failed its check
     ├── ResumeRefusedError              --strict-resume: the resumed run could differ
-    └── Terminated                      stopped on SIGTERM/SIGINT after saving progress
+    └── Terminated                      stopped on a signal, progress saved [retryable]
 
-Only the CLI maps these to exit codes (``_cli.EXIT_CODES``); the library raises.
+``retryable`` says, on every class, whether the same command may pass when run again
+(a Job's next pod, a ``spotbook resume``): it is an attribute, not a base class, so an
+error is placed in the tree by what it is about. Only the CLI maps these to exit codes
+(``cli.main.EXIT_CODES``), and a test checks that the retryable ones are exactly those
+the Job retries.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 
 class SpotbookError(Exception):
     """Root of every spotbook error. ``str()`` is a message for the user."""
+
+    #: whether running the same command again may pass (storage trouble, a newer
+    #: attempt, a stop on a notice); False: it would fail the same way
+    retryable: ClassVar[bool] = False
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Subclasses take keyword-only arguments, which pickle's default (``cls(*args)``)
@@ -191,9 +199,13 @@ class KernelDiedError(CellError):
 class StorageError(SpotbookError):
     """Reading or writing the run store or the output location failed."""
 
+    retryable = True
 
-class SupersededError(StorageError):
+
+class SupersededError(SpotbookError):
     """Another, newer attempt took over this run; this one must stop writing."""
+
+    retryable = True
 
 
 class ExecutionTimeoutError(SpotbookError, TimeoutError):
@@ -243,6 +255,8 @@ class ResumeRefusedError(SpotbookError):
 
 class Terminated(SpotbookError):
     """The runner stopped on a signal after committing its progress."""
+
+    retryable = True
 
     def __init__(self, signame: str, resume_hint: str) -> None:
         self.signame = signame

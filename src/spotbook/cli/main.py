@@ -26,6 +26,7 @@ from .._errors import (
     SpotbookError,
     StorageError,
     StoreIntegrityError,
+    SupersededError,
     Terminated,
     UsageError,
 )
@@ -57,6 +58,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (PreemptionBudgetError, EXIT_BUDGET),
     (ExecutionTimeoutError, EXIT_TIMEOUT),
     (StorageError, EXIT_STORAGE),
+    (SupersededError, EXIT_STORAGE),
     (ResumeRefusedError, EXIT_RESUME_REFUSED),
     (StoreIntegrityError, EXIT_USAGE),
     (UsageError, EXIT_USAGE),
