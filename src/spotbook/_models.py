@@ -5,14 +5,10 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._errors import UsageError
-
-Clock = Callable[[], float]
-"""Seconds since the epoch; injectable so tests never sleep."""
 
 
 class RunStatus(enum.StrEnum):

@@ -55,7 +55,7 @@ class CellLoop:
                 raise Terminated(notice.signame, run.resume_hint())
             if bar is not None:
                 bar.cell(index, str(cell.source))
-            t0 = run.opts.clock()
+            t0 = time.time()
             m0 = time.monotonic()
             try:
                 result = await run.race(

@@ -135,7 +135,7 @@ class Restorer:
             restore_seconds=round(time.monotonic() - m0, 3),
             redone_seconds=round(redone, 3),
             fidelity=report.to_json(),
-            resumed_at=run.opts.clock(),  # from here on, cells that were never run
+            resumed_at=time.time(),  # from here on, cells that were never run
         )
         log.info(
             "restored %s; replayed cells %s (%s)",
@@ -201,7 +201,7 @@ class Restorer:
             replayed=[],
             redone_seconds=round(redone, 3),
             fidelity={**report.to_json(), "fallback": why},
-            resumed_at=run.opts.clock(),
+            resumed_at=time.time(),
         )
         await run.start_kernel(0)
         assert run.session is not None

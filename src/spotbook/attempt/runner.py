@@ -43,7 +43,7 @@ from .._errors import (
     Terminated,
     UsageError,
 )
-from .._models import EXIT_MARGIN, SAVE_BUDGET, Clock, Outcome, RunSpec, RunStatus
+from .._models import EXIT_MARGIN, SAVE_BUDGET, Outcome, RunSpec, RunStatus
 from ..notebook import document as nbs
 from ..store.checkpoints import CheckpointDir
 from ..store.integrity import make_private_dirs
@@ -69,7 +69,6 @@ class RunnerOptions:
     output_refresh: float = 5.0
     on_output: Callable[[str, dict[str, Any]], None] | None = None
     progress: Progress | None = None  # the CLI's and the API's tqdm bar
-    clock: Clock = time.time  # wall time for the records (tests may pass their own)
     handle_signals: bool = True
     grace: float | None = None  # overrides the run's --grace for this attempt
     strict_resume: bool = False  # refuse to resume when the result could differ
@@ -112,9 +111,7 @@ class Runner:
         self.grace = self.spec.limits.grace if self.opts.grace is None else self.opts.grace
         if self.grace < 0:
             raise UsageError("--grace must be zero or more seconds")
-        self.journal = Journal(
-            store, run, self.spec, self.nb, self.opts.clock, self.opts.output_refresh
-        )
+        self.journal = Journal(store, run, self.spec, self.nb, self.opts.output_refresh)
         self.snapshots = Snapshots(self)
         self.session: KernelSession | None = None
         self.notice: Notice | None = None
@@ -252,7 +249,7 @@ class Runner:
                     plan, start = await Restorer(self, self._undone).restore(start)
             if plan is None and journal.attempt > 1:
                 # a later attempt with nothing to restore: it is back on new cells now
-                journal.note(resumed_at=self.opts.clock())
+                journal.note(resumed_at=time.time())
             journal.refresh(self.session, force=True, running=start)
             await CellLoop(self).run_cells(start)
         except Terminated:

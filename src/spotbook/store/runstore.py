@@ -19,12 +19,13 @@ On object stores every request is retried on transient faults (5xx, throttling,
 timeouts, resets) with backoff, and the fence is the store's own conditional write
 (S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``).
 
-Every write is "new object, then pointer": records are new objects whose names
-carry the attempt; a record of attempt A counts only for cells before the point
-where attempt A+1 took over (``attempts/A+1.json`` says where), so a stale
-attempt can never change what a newer one sees.
+Records are never edited in place: each is a new object whose name carries the
+attempt that wrote it, and a record of attempt A counts only for cells before the point
+where attempt A+1 took over (``attempts/A+1.json`` says where), so a stale attempt can
+never change what a newer one sees. (run.json, whose spec is sealed, and output.ipynb
+are rewritten whole; a resume continues from the records, not from them.)
 
-Everything the runner trusts is sealed (``_integrity``): cell records, attempt records,
+Everything the runner trusts is sealed (``integrity``): cell records, attempt records,
 snapshot and checkpoint manifests carry an HMAC bound to the run and their place, made
 with a key the store never holds. A local store's files are 0600 and its directories
 0700 whatever the umask; symbolic links inside it are refused.
