@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spotbook.store.runstore import RETRY_TRIES
+from spotbook.store.backends import RETRY_TRIES
 
 from .conftest import Place, cli, kill, on, start_cli, wait_for, write_notebook
 from .servers import Storage
@@ -228,7 +228,7 @@ def test_storage_retries_stop_at_the_deadline() -> None:
     made, and the last error is raised (the time to exit stays bounded)."""
     import time
 
-    from spotbook.store.runstore import with_retries
+    from spotbook.store.backends import with_retries
 
     calls: list[int] = []
 

@@ -33,20 +33,14 @@ with a key the store never holds. A local store's files are 0600 and its directo
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import functools
-import itertools
 import json
 import logging
 import os
-import random
 import re
 import secrets
-import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,13 +54,13 @@ from .._errors import (
     StoreIntegrityError,
     UsageError,
 )
+from .backends import _atomic_local, backend_for, transient, with_retries
 from .integrity import (
     SEAL_FORMAT,
     Key,
     LegacySeal,
     Seal,
     load_key,
-    make_private_dirs,
     safe_relpath,
     sha256_hex,
 )
@@ -80,61 +74,9 @@ _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
 _JSONL_RE = re.compile(r"^a(\d{4})\.jsonl$")
 _FILES_RE = re.compile(r"^a(\d{4})-(\d{6})\.json$")
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-
-# Transient faults on object stores: how often and how long to retry a request.
-RETRY_TRIES = 8
-RETRY_FIRST = 0.2  # seconds before the first retry; doubles, with jitter
-RETRY_MAX_SLEEP = 5.0
-# the retries' own generator: never the global one a notebook may have seeded
-_jitter = random.SystemRandom()
-# Errors retrying cannot fix: the answer would be the same.
-_PERMANENT = (
-    FileNotFoundError,
-    FileExistsError,
-    PermissionError,
-    IsADirectoryError,
-    NotADirectoryError,
-    ValueError,
-    TypeError,
-)
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, _PERMANENT):
-        return False
-    # OSError covers the backends' translated 5xx/throttling errors, socket resets and
-    # timeouts; the HTTP client libraries also raise their own non-OSError classes.
-    module = type(exc).__module__.split(".")[0]
-    return isinstance(exc, OSError) or module in ("aiohttp", "botocore", "aiobotocore", "gcsfs")
-
-
-def with_retries(
-    op: Callable[[], T], what: str, tries: int = RETRY_TRIES, deadline: float | None = None
-) -> T:
-    """Run ``op``, retrying transient storage faults with exponential backoff; never
-    sleeping past ``deadline`` (``time.monotonic()``), where the last error is raised."""
-    delay = RETRY_FIRST
-    for attempt in range(1, tries + 1):
-        try:
-            return op()
-        except Exception as exc:
-            if attempt == tries or not _transient(exc):
-                raise
-            if deadline is not None and time.monotonic() + delay > deadline:
-                log.warning("%s failed (%s); no time left to retry it", what, exc)
-                raise
-            log.warning(
-                "%s failed (%s: %s); retry %d in %.1f s",
-                what,
-                type(exc).__name__,
-                exc,
-                attempt,
-                delay,
-            )
-            time.sleep(delay * (0.5 + _jitter.random()))
-            delay = min(delay * 2, RETRY_MAX_SLEEP)
-    raise AssertionError("unreachable")
-
+# what a local store must hold as plain files and directories (no symbolic links)
+_TRUSTED = ("run.json", "input.ipynb", "cells", "attempts", "state", "files", "outputs")
+_TRUSTED_DIRS = ("cells", "attempts", "state/snap", "state/blobs", "state")
 
 LEGACY_ENV = "SPOTBOOK_TRUST_LEGACY_STORE"
 
@@ -222,7 +164,7 @@ def read_url(url: str) -> bytes:
     except IsADirectoryError as exc:
         raise InputNotFoundError(f"{url!r} is a directory, not a notebook file") from exc
     except Exception as exc:
-        if not (isinstance(exc, OSError) or _transient(exc)):
+        if not (isinstance(exc, OSError) or transient(exc)):
             raise
         raise StorageError(f"cannot read {url!r}: {exc}") from exc
 
@@ -236,7 +178,7 @@ def write_url(url: str, data: bytes) -> None:
         else:
             with_retries(lambda: fs.pipe_file(path, data), f"write {url}")
     except Exception as exc:
-        if not (isinstance(exc, OSError) or _transient(exc)):
+        if not (isinstance(exc, OSError) or transient(exc)):
             raise
         raise StorageError(
             f"cannot write {url!r}: {exc}; choose a writable output location"
@@ -262,45 +204,6 @@ def check_writable(url: str) -> None:
         ) from exc
 
 
-_tmp_names = itertools.count()
-
-
-def _atomic_local(path: str, data: bytes, private: bool = False) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
-    try:
-        if private:
-            with _private_file(tmp) as fh:
-                fh.write(data)
-        else:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _private_file(path: str) -> Any:
-    """A new file open for writing, 0600 whatever the umask (never through a link)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, "wb")
-
-
-def _writer_alive(name: str) -> bool:
-    """Whether the process that names a temporary (``X.tmp-PID-...``) still runs here (a
-    runner that lost the fence may still be finishing a write: leave it its file)."""
-    try:
-        pid = int(name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
-        os.kill(pid, 0)
-    except (ValueError, IndexError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass(frozen=True)
 class CellKey:
     index: int
@@ -322,89 +225,38 @@ class RunStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.fs, self.root = _fs(url)
-        self.local = isinstance(self.fs, LocalFileSystem)
+        self.backend = backend_for(url, self.fs, self.root)
         self.bytes_written = 0
-        self._fds: dict[str, int] = {}
         # Set once run.json's seal is checked (``unseal``) or made (``seal_run``): from
         # then on what the runner trusts is signed on write and checked on read.
         self.seal: Seal | None = None
         self._seq: dict[int, int] = {}  # attempt -> records it wrote (a record's ``seq``)
-        # after a termination notice: retries stop where the time to exit runs out
-        self.deadline: float | None = None
 
     def __repr__(self) -> str:
         return f"RunStore({self.url!r})"
 
-    # -- primitives -------------------------------------------------------
+    @property
+    def local(self) -> bool:
+        """Whether the store is a directory on this machine's disk (the checkpoint
+        directory and the snapshot blobs then live in it, not in a synced copy)."""
+        return self.backend.local
+
+    @property
+    def deadline(self) -> float | None:
+        """After a termination notice: retries stop where the time to exit runs out."""
+        return self.backend.deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self.backend.deadline = value
+
+    # -- primitives (the backend does each its own way) -------------------------------
     def path(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}"
 
-    @contextlib.contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except (FileExistsError, FileNotFoundError):
-            raise
-        except (PermissionError, NotADirectoryError, IsADirectoryError) as exc:
-            if not self.local and isinstance(exc, PermissionError):
-                raise self._denied(what, exc) from exc
-            if not self.local:
-                raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
-            # a local path that cannot be a run store: retrying cannot help (exit 2)
-            raise UsageError(
-                f"run store {self.url}: cannot {what}: {exc.strerror or exc} "
-                f"({exc.filename or self.root}); give --run-dir a directory this user can "
-                "write (or a new path)"
-            ) from exc
-        except OSError as exc:
-            if self.local and exc.errno == errno.EROFS:  # permanent too: exit 2
-                raise UsageError(
-                    f"run store {self.url}: cannot {what}: {exc.strerror} "
-                    f"({exc.filename or self.root}); give --run-dir a directory on a "
-                    "writable filesystem"
-                ) from exc
-            raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
-        except Exception as exc:
-            if _transient(exc):
-                raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
-            raise
-
-    def _denied(self, what: str, exc: BaseException) -> StorageError:
-        return StorageError(
-            f"run store {self.url}: cannot {what}: permission denied ({exc}); check the "
-            "credentials in this environment (workload identity, AWS_*/GOOGLE_* variables "
-            "or credential files) can read and write that location"
-        )
-
-    def _do(self, op: Callable[[], T], what: str) -> T:
-        """One storage operation: retried on object stores, errors made StorageError."""
-        with self._translate(what):
-            if self.local:
-                return op()
-            return with_retries(op, f"{self.url}: {what}", deadline=self.deadline)
-
-    def _do_write(self, op: Callable[[], T], what: str) -> T:
-        """A write: "not found" here means the bucket (or container) is missing."""
-        try:
-            return self._do(op, what)
-        except FileNotFoundError as exc:
-            raise StorageError(
-                f"run store {self.url}: cannot {what}: the bucket does not exist or is not "
-                f"visible with these credentials ({exc}); create it or choose another --run-dir"
-            ) from exc
-
     def write(self, rel: str, data: bytes) -> None:
         """Atomically replace ``rel`` (new object, then rename where that exists)."""
-        path = self.path(rel)
-        if self.local:
-            with self._translate(f"write {rel}"):
-                try:
-                    _atomic_local(path, data, private=True)
-                except FileNotFoundError:
-                    make_private_dirs(os.path.dirname(path))
-                    _atomic_local(path, data, private=True)
-        else:
-            self._do_write(lambda: self.fs.pipe_file(path, data), f"write {rel}")
+        self.backend.write(self.path(rel), data, f"write {rel}")
         self.bytes_written += len(data)
 
     def create(self, rel: str, data: bytes) -> bool:
@@ -414,86 +266,38 @@ class RunStore:
         name cannot both win. A retried request whose first try did land finds its own
         bytes there, which counts as created; so ``data`` must be unique to the caller.
         """
-        path = self.path(rel)
-        if self.local:
-            with self._translate(f"create {rel}"):
-                make_private_dirs(os.path.dirname(path))
-                try:
-                    # Link a complete temp file into place: exclusive and never half-written.
-                    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-                    with _private_file(tmp) as fh:
-                        fh.write(data)
-                    try:
-                        os.link(tmp, path)
-                    finally:
-                        os.unlink(tmp)
-                except FileExistsError:
-                    return False
-        else:
-            try:
-                self._do_write(
-                    lambda: self.fs.pipe_file(path, data, mode="create"), f"create {rel}"
-                )
-            except FileExistsError:
-                # A retried request (ours, or the client library's own) whose first try
-                # landed finds its own bytes: that is a win. Callers make data unique.
-                if self.read(rel) != data:
-                    return False
-                log.debug("create %s: an earlier try of this request landed", rel)
-        self.bytes_written += len(data)
-        return True
+        created = self.backend.create(self.path(rel), data, f"create {rel}")
+        if created:
+            self.bytes_written += len(data)
+        return created
 
     def read(self, rel: str) -> bytes | None:
         """Bytes of ``rel``, or None if it does not exist."""
-        path = self.path(rel)
         try:
-            if self.local:
-                with self._translate(f"read {rel}"):
-                    try:
-                        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-                    except OSError as exc:
-                        if os.path.islink(path):
-                            raise StoreIntegrityError(
-                                f"{self.url}/{rel} is a symbolic link; a run store holds "
-                                "plain files only, so it was not read"
-                            ) from exc
-                        raise
-                    with os.fdopen(fd, "rb") as fh:
-                        return fh.read()
-            data: bytes = self._do(lambda: self.fs.cat_file(path), f"read {rel}")
-            return data
+            return self.backend.read(self.path(rel), f"read {rel}")
         except FileNotFoundError:
             return None
 
     def exists(self, rel: str) -> bool:
-        path = self.path(rel)
-        if self.local:
-            return os.path.exists(path)
-        return bool(self._do(lambda: self.fs.exists(path), f"look up {rel}"))
+        return self.backend.exists(self.path(rel), f"look up {rel}")
 
     def names(self, rel_dir: str) -> list[str]:
         """File names directly under ``rel_dir`` (empty if it does not exist)."""
-        path = self.path(rel_dir)
         try:
-            if self.local:
-                with self._translate(f"list {rel_dir}"):
-                    return sorted(n for n in os.listdir(path) if ".tmp-" not in n)
-            # listings must be fresh: another attempt may have written since
-            found = self._do(lambda: self.fs.ls(path, detail=False), f"list {rel_dir}")
-            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+            return self.backend.names(self.path(rel_dir), f"list {rel_dir}")
         except FileNotFoundError:
             return []
 
     def put_file(self, local: str, rel: str) -> int:
         """Upload a local file to ``rel`` (streamed); returns its size."""
         size = os.path.getsize(local)
-        self._do_write(lambda: self.fs.put_file(local, self.path(rel)), f"upload {rel}")
+        self.backend.put_file(local, self.path(rel), f"upload {rel}")
         self.bytes_written += size
         return size
 
     def get_file(self, rel: str, local: str) -> None:
         """Download ``rel`` to a local file (streamed)."""
-        self._do(lambda: self.fs.get_file(self.path(rel), local), f"download {rel}")
+        self.backend.get_file(self.path(rel), local, f"download {rel}")
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write(rel, json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
@@ -539,8 +343,7 @@ class RunStore:
         info = run.get("seal")
         if not isinstance(spec, dict) or not isinstance(spec.get("run_id"), str):
             raise StoreIntegrityError(f"{self.url}/run.json holds no valid run spec")
-        if self.local:
-            self._refuse_links()
+        self.backend.refuse_links(_TRUSTED, _TRUSTED_DIRS)
         if info is None:
             self.seal = self._legacy_seal(spec["run_id"], strict)
             return run
@@ -585,51 +388,18 @@ class RunStore:
         log.warning("%s; resuming it because %s=1", why, LEGACY_ENV)
         return LegacySeal(key, run_id, self.url)
 
-    def _refuse_links(self) -> None:
-        """A local store holds plain files: refuse a symbolic link in what is trusted."""
-        for rel in ("run.json", "input.ipynb", "cells", "attempts", "state", "files", "outputs"):
-            if os.path.islink(self.path(rel)):
-                raise StoreIntegrityError(
-                    f"{self.url}/{rel} is a symbolic link; a run store holds plain files "
-                    "and directories only, so it was not used"
-                )
-        for rel in ("cells", "attempts", "state/snap", "state/blobs", "state"):
-            try:
-                entries = list(os.scandir(self.path(rel)))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for entry in entries:
-                if entry.is_symlink():
-                    raise StoreIntegrityError(
-                        f"{self.url}/{rel}/{entry.name} is a symbolic link; a run store holds "
-                        "plain files only, so it was not used"
-                    )
-
     def discard_checkpoint_files(self) -> None:
         """After --restart: a local store's checkpoint directory starts empty (object
         stores' manifests from before the restart are ignored by ``files_manifest``)."""
-        if self.local:
-            path = self.path("files")
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
+        self.backend.discard_dir(self.path("files"))
 
     def remove_partials(self) -> int:
-        """Local stores: delete the half-written temporaries (``*.tmp-*``) a killed writer
-        left; called by a new attempt once it holds the fence. Returns how many."""
-        if not self.local:
-            return 0  # object stores write whole objects: nothing is left half-made
-        removed = 0
-        for rel in ("", "cells", "attempts", "state/blobs", "state/snap", "outputs"):
-            try:
-                names = os.listdir(self.path(rel) if rel else self.root)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            for name in names:
-                if ".tmp-" in name and not _writer_alive(name):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(self.path(rel) if rel else self.root, name))
-                        removed += 1
-        return removed
+        """Delete the half-written temporaries (``*.tmp-*``) a killed writer left on a
+        local store; called by a new attempt once it holds the fence. Returns how many.
+        (Object stores write whole objects: nothing is left half-made.)"""
+        return self.backend.remove_partials(
+            ("", "cells", "attempts", "state/blobs", "state/snap", "outputs")
+        )
 
     def _sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
         return doc if self.seal is None else self.seal.sign(place, doc)
@@ -696,33 +466,18 @@ class RunStore:
         seq = self._seq[attempt] = self._seq.get(attempt, 0) + 1
         place = f"cells/{CellKey(index, attempt).name[:-5]}"
         record = self._sign(place, {**record, "index": index, "attempt": attempt, "seq": seq})
-        if self.local:
-            # One line appended with one write(2) per record: a kill leaves whole lines
-            # and at most one torn last line, which readers skip.
-            self._append(f"cells/a{attempt:04d}.jsonl", record)
+        if self.backend.appends:
+            # one line per record, appended: a kill leaves whole lines and at most one
+            # torn last line, which readers skip
+            rel = f"cells/a{attempt:04d}.jsonl"
+            line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+            self.backend.append(self.path(rel), line.encode(), f"append to {rel}")
+            self.bytes_written += len(line.encode())
         else:
             self.write_json(f"cells/{CellKey(index, attempt).name}", record)
 
-    def _append(self, rel: str, obj: Any) -> None:
-        data = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        with self._translate(f"append to {rel}"):
-            fd = self._fds.get(rel)
-            if fd is None:
-                path = self.path(rel)
-                make_private_dirs(os.path.dirname(path))
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                fd = self._fds[rel] = os.open(path, flags, 0o600)
-                os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        self.bytes_written += len(data)
-
     def close(self) -> None:
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
+        self.backend.close()
 
     def _counts(self, index: int, attempt: int, takeover: dict[int, int]) -> bool:
         """A record counts unless a later attempt took over at or before its cell."""

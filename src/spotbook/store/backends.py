@@ -1,0 +1,416 @@
+"""The storage-backend seam: what a run store asks of the place it lives, and the two
+kinds of place there are.
+
+- :class:`LocalBackend` — a directory on this machine: atomic renames, exclusive hard
+  links, records appended as lines, private modes, no symbolic links.
+- :class:`ObjectBackend` — any other fsspec filesystem (S3, GCS, Azure, memory): whole
+  objects, the store's conditional write as the fence, every request retried on
+  transient faults (the only retry layer: see ``runstore._one_request_per_try``).
+
+:class:`~spotbook.store.runstore.RunStore` holds one and never asks which it is for
+an operation; ``tests/test_store_contract.py`` runs one suite of store behaviour against
+every backend (local, memory, S3, GCS and Azure emulators).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import random
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from .._errors import StorageError, StoreIntegrityError, UsageError
+from .integrity import make_private_dirs
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Transient faults on object stores: how often and how long to retry a request.
+RETRY_TRIES = 8
+RETRY_FIRST = 0.2  # seconds before the first retry; doubles, with jitter
+RETRY_MAX_SLEEP = 5.0
+# the retries' own generator: never the global one a notebook may have seeded
+_jitter = random.SystemRandom()
+# Errors retrying cannot fix: the answer would be the same.
+_PERMANENT = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+)
+
+
+def transient(exc: BaseException) -> bool:
+    if isinstance(exc, _PERMANENT):
+        return False
+    # OSError covers the backends' translated 5xx/throttling errors, socket resets and
+    # timeouts; the HTTP client libraries also raise their own non-OSError classes.
+    module = type(exc).__module__.split(".")[0]
+    return isinstance(exc, OSError) or module in ("aiohttp", "botocore", "aiobotocore", "gcsfs")
+
+
+def with_retries(
+    op: Callable[[], T], what: str, tries: int = RETRY_TRIES, deadline: float | None = None
+) -> T:
+    """Run ``op``, retrying transient storage faults with exponential backoff; never
+    sleeping past ``deadline`` (``time.monotonic()``), where the last error is raised."""
+    delay = RETRY_FIRST
+    for attempt in range(1, tries + 1):
+        try:
+            return op()
+        except Exception as exc:
+            if attempt == tries or not transient(exc):
+                raise
+            if deadline is not None and time.monotonic() + delay > deadline:
+                log.warning("%s failed (%s); no time left to retry it", what, exc)
+                raise
+            log.warning(
+                "%s failed (%s: %s); retry %d in %.1f s",
+                what,
+                type(exc).__name__,
+                exc,
+                attempt,
+                delay,
+            )
+            time.sleep(delay * (0.5 + _jitter.random()))
+            delay = min(delay * 2, RETRY_MAX_SLEEP)
+    raise AssertionError("unreachable")
+
+
+class Backend:
+    """One kind of place a run store lives. Paths are the backend's own (``root/rel``);
+    a missing file or object raises FileNotFoundError, and every other failure comes
+    out as StorageError (may pass on retry) or UsageError (it cannot)."""
+
+    local = False  # the store is a directory on this machine's disk
+    appends = False  # cell records are appended as lines to one file per attempt
+
+    def __init__(self, url: str, fs: Any, root: str) -> None:
+        self.url = url
+        self.fs = fs
+        self.root = root
+        self.deadline: float | None = None  # after a notice: retries stop here
+
+    def write(self, path: str, data: bytes, what: str) -> None:
+        raise NotImplementedError
+
+    def create(self, path: str, data: bytes, what: str) -> bool:
+        """Write ``path`` unless it exists; False if it did (the fence)."""
+        raise NotImplementedError
+
+    def read(self, path: str, what: str) -> bytes:
+        raise NotImplementedError
+
+    def exists(self, path: str, what: str) -> bool:
+        raise NotImplementedError
+
+    def names(self, path: str, what: str) -> list[str]:
+        """Names directly under ``path``, fresh (another attempt may just have written)."""
+        raise NotImplementedError
+
+    def put_file(self, local: str, path: str, what: str) -> None:
+        self.write_op(lambda: self.fs.put_file(local, path), what)
+
+    def get_file(self, path: str, local: str, what: str) -> None:
+        self.op(lambda: self.fs.get_file(path, local), what)
+
+    def append(self, path: str, data: bytes, what: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} writes whole objects")
+
+    def close(self) -> None:
+        """Release what the backend holds open (append handles)."""
+
+    # what only a directory on this disk needs
+    def refuse_links(self, rels: tuple[str, ...], dirs: tuple[str, ...]) -> None:
+        """Refuse a symbolic link among what the store trusts (local stores)."""
+
+    def remove_partials(self, dirs: tuple[str, ...]) -> int:
+        """Delete half-written temporaries a killed writer left; how many."""
+        return 0
+
+    def discard_dir(self, path: str) -> None:
+        """Remove a directory the store keeps outside its records (local stores)."""
+
+    # -- errors and retries ------------------------------------------------------------
+    def op(self, op: Callable[[], T], what: str) -> T:
+        """One operation, its errors translated (and, where the backend retries,
+        retried)."""
+        with self.translate(what):
+            return op()
+
+    def write_op(self, op: Callable[[], T], what: str) -> T:
+        """A write: "not found" here means the bucket (or container) is missing."""
+        try:
+            return self.op(op, what)
+        except FileNotFoundError as exc:
+            raise StorageError(
+                f"run store {self.url}: cannot {what}: the bucket does not exist or is not "
+                f"visible with these credentials ({exc}); create it or choose another --run-dir"
+            ) from exc
+
+    @contextlib.contextmanager
+    def translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (FileExistsError, FileNotFoundError):
+            raise
+        except (PermissionError, NotADirectoryError, IsADirectoryError) as exc:
+            raise self.unusable(what, exc) from exc
+        except OSError as exc:
+            raise self.oserror(what, exc) from exc
+        except Exception as exc:
+            if transient(exc):
+                raise StorageError(f"run store {self.url}: cannot {what}: {exc}") from exc
+            raise
+
+    def unusable(self, what: str, exc: OSError) -> Exception:
+        return StorageError(f"run store {self.url}: cannot {what}: {exc}")
+
+    def oserror(self, what: str, exc: OSError) -> Exception:
+        return StorageError(f"run store {self.url}: cannot {what}: {exc}")
+
+
+class LocalBackend(Backend):
+    """A directory on this machine."""
+
+    local = True
+    appends = True
+
+    def __init__(self, url: str, fs: Any, root: str) -> None:
+        super().__init__(url, fs, root)
+        self._fds: dict[str, int] = {}
+
+    def unusable(self, what: str, exc: OSError) -> Exception:
+        # a local path that cannot be a run store: retrying cannot help (exit 2)
+        return UsageError(
+            f"run store {self.url}: cannot {what}: {exc.strerror or exc} "
+            f"({exc.filename or self.root}); give --run-dir a directory this user can "
+            "write (or a new path)"
+        )
+
+    def oserror(self, what: str, exc: OSError) -> Exception:
+        if exc.errno == errno.EROFS:  # permanent too: exit 2
+            return UsageError(
+                f"run store {self.url}: cannot {what}: {exc.strerror} "
+                f"({exc.filename or self.root}); give --run-dir a directory on a "
+                "writable filesystem"
+            )
+        return super().oserror(what, exc)
+
+    def write(self, path: str, data: bytes, what: str) -> None:
+        with self.translate(what):
+            try:
+                _atomic_local(path, data, private=True)
+            except FileNotFoundError:
+                make_private_dirs(os.path.dirname(path))
+                _atomic_local(path, data, private=True)
+
+    def create(self, path: str, data: bytes, what: str) -> bool:
+        with self.translate(what):
+            make_private_dirs(os.path.dirname(path))
+            try:
+                # Link a complete temp file into place: exclusive and never half-written.
+                tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+                with _private_file(tmp) as fh:
+                    fh.write(data)
+                try:
+                    os.link(tmp, path)
+                finally:
+                    os.unlink(tmp)
+            except FileExistsError:
+                return False
+        return True
+
+    def read(self, path: str, what: str) -> bytes:
+        with self.translate(what):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                if os.path.islink(path):
+                    rel = os.path.relpath(path, self.root)
+                    raise StoreIntegrityError(
+                        f"{self.url}/{rel} is a symbolic link; a run store holds plain files "
+                        "only, so it was not read"
+                    ) from exc
+                raise
+            with os.fdopen(fd, "rb") as fh:
+                return fh.read()
+
+    def exists(self, path: str, what: str) -> bool:
+        return os.path.exists(path)
+
+    def names(self, path: str, what: str) -> list[str]:
+        with self.translate(what):
+            return sorted(n for n in os.listdir(path) if ".tmp-" not in n)
+
+    def put_file(self, local: str, path: str, what: str) -> None:
+        with self.translate(what):
+            make_private_dirs(os.path.dirname(path))
+            tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
+            try:
+                with open(local, "rb") as src, _private_file(tmp) as dst:
+                    shutil.copyfileobj(src, dst)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+
+    def append(self, path: str, data: bytes, what: str) -> None:
+        """One write(2) per call: a kill leaves whole lines and at most one torn last
+        line, which readers skip."""
+        with self.translate(what):
+            fd = self._fds.get(path)
+            if fd is None:
+                make_private_dirs(os.path.dirname(path))
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                fd = self._fds[path] = os.open(path, flags, 0o600)
+                os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    def refuse_links(self, rels: tuple[str, ...], dirs: tuple[str, ...]) -> None:
+        for rel in rels:
+            if os.path.islink(os.path.join(self.root, rel)):
+                raise StoreIntegrityError(
+                    f"{self.url}/{rel} is a symbolic link; a run store holds plain files "
+                    "and directories only, so it was not used"
+                )
+        for rel in dirs:
+            try:
+                entries = list(os.scandir(os.path.join(self.root, rel)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    raise StoreIntegrityError(
+                        f"{self.url}/{rel}/{entry.name} is a symbolic link; a run store holds "
+                        "plain files only, so it was not used"
+                    )
+
+    def remove_partials(self, dirs: tuple[str, ...]) -> int:
+        removed = 0
+        for rel in dirs:
+            where = os.path.join(self.root, rel) if rel else self.root
+            try:
+                names = os.listdir(where)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                if ".tmp-" in name and not _writer_alive(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(where, name))
+                        removed += 1
+        return removed
+
+    def discard_dir(self, path: str) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+
+
+class ObjectBackend(Backend):
+    """An object store (or any fsspec filesystem that is not this machine's disk)."""
+
+    def op(self, op: Callable[[], T], what: str) -> T:
+        with self.translate(what):
+            return with_retries(op, f"{self.url}: {what}", deadline=self.deadline)
+
+    def unusable(self, what: str, exc: OSError) -> Exception:
+        if isinstance(exc, PermissionError):
+            return StorageError(
+                f"run store {self.url}: cannot {what}: permission denied ({exc}); check the "
+                "credentials in this environment (workload identity, AWS_*/GOOGLE_* "
+                "variables or credential files) can read and write that location"
+            )
+        return super().unusable(what, exc)
+
+    def write(self, path: str, data: bytes, what: str) -> None:
+        self.write_op(lambda: self.fs.pipe_file(path, data), what)
+
+    def create(self, path: str, data: bytes, what: str) -> bool:
+        try:
+            self.write_op(lambda: self.fs.pipe_file(path, data, mode="create"), what)
+        except FileExistsError:
+            # A retried request (ours, or the client library's own) whose first try
+            # landed finds its own bytes: that is a win. Callers make data unique.
+            try:
+                if self.read(path, what) != data:
+                    return False
+            except FileNotFoundError:
+                return False
+            log.debug("%s: an earlier try of this request landed", what)
+        return True
+
+    def read(self, path: str, what: str) -> bytes:
+        data: bytes = self.op(lambda: self.fs.cat_file(path), what)
+        return data
+
+    def exists(self, path: str, what: str) -> bool:
+        return bool(self.op(lambda: self.fs.exists(path), what))
+
+    def names(self, path: str, what: str) -> list[str]:
+        found = self.op(lambda: self.fs.ls(path, detail=False), what)
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+
+
+def backend_for(url: str, fs: Any, root: str) -> Backend:
+    from fsspec.implementations.local import LocalFileSystem
+
+    kind = LocalBackend if isinstance(fs, LocalFileSystem) else ObjectBackend
+    return kind(url, fs, root)
+
+
+_tmp_names = itertools.count()
+
+
+def _atomic_local(path: str, data: bytes, private: bool = False) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
+    try:
+        if private:
+            with _private_file(tmp) as fh:
+                fh.write(data)
+        else:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _private_file(path: str) -> Any:
+    """A new file open for writing, 0600 whatever the umask (never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process that names a temporary (``X.tmp-PID-...``) still runs here (a
+    runner that lost the fence may still be finishing a write: leave it its file)."""
+    try:
+        pid = int(name.rsplit(".tmp-", 1)[1].split("-", 1)[0])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
