@@ -17,7 +17,9 @@ import papermill.inspection
 import pytest
 
 import spotbook
-from spotbook.cli import main as _cli
+from spotbook.cli.main import exit_code
+from spotbook.cli.parser import build_parser
+from spotbook.cli.run import _check_engine, _parameters
 from spotbook.notebook.parameters import resolve_type
 
 papermill.execute.execute_notebook = spotbook.execute_notebook
@@ -35,26 +37,26 @@ def spotbook_run(argv: tuple[str, ...]) -> None:
     import papermill.cli
 
     try:
-        args = _cli.build_parser().parse_args(["run", *argv])
+        args = build_parser().parse_args(["run", *argv])
     except SystemExit as exc:
         sys.exit(exc.code)
     try:
-        _cli._check_engine(args)
+        _check_engine(args)
     except spotbook.SpotbookError as exc:
         # spotbook refuses what it cannot honour (exit 2) where papermill passes it on
         click.echo(f"spotbook: error: {exc}", err=True)
-        sys.exit(_cli.exit_code(exc))
+        sys.exit(exit_code(exc))
     if args.help_notebook:
         # spotbook lists the parameters (notebook_parameters) and runs nothing: papermill's
         # counterpart of that call is display_notebook_help
         papermill.cli.display_notebook_help(
-            click.get_current_context(), args.input, _cli._parameters(args)
+            click.get_current_context(), args.input, _parameters(args)
         )
         return
     papermill.cli.execute_notebook(
         input_path=args.input,
         output_path=args.output,
-        parameters=_cli._parameters(args),
+        parameters=_parameters(args),
         engine_name=args.engine,
         request_save_on_cell_execute=args.request_save_on_cell_execute,
         autosave_cell_every=args.autosave_cell_every,

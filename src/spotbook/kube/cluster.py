@@ -49,10 +49,11 @@ def _kubeconfig_path() -> str:
 
 @dataclass
 class Cluster:
-    """A lightkube client for one context and namespace."""
+    """A lightkube client for one context and namespace (None: the kubeconfig's, then
+    "default"; after construction it is always a name)."""
 
     context: str | None = None
-    namespace: str | None = None
+    namespace: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -76,7 +77,7 @@ class Cluster:
                 "choose a context with --context, or run inside a cluster"
             ) from exc
         assert single is not None
-        self.namespace = self.namespace or single.namespace
+        self.namespace = self.namespace or single.namespace or "default"
         self.server = single.cluster.server
         self.context_name = single.context_name
         self.client = Client(config=single, namespace=self.namespace, field_manager="spotbook")

@@ -1,0 +1,436 @@
+"""The argument parser: papermill's flags with papermill's meaning, and spotbook's own."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from .. import __version__
+from .._models import (
+    Limits,
+)
+
+log = logging.getLogger("spotbook")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """papermill's flags, same names and meaning, plus spotbook's own."""
+    _add_parameter_flags(p, "where to write the result; - for stdout")
+    _add_execution_flags(p)
+
+
+def _add_parameter_flags(p: argparse.ArgumentParser, output_help: str) -> None:
+    p.add_argument("input", metavar="INPUT", help="notebook path or fsspec URL; - for stdin")
+    p.add_argument("output", metavar="OUTPUT", nargs="?", help=output_help)
+    g = p.add_argument_group("parameters (as papermill)")
+    g.add_argument(
+        "-p",
+        "--parameters",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="typed: ints, floats, True/False/None",
+    )
+    g.add_argument(
+        "-r",
+        "--parameters_raw",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="kept as a string",
+    )
+    g.add_argument("-y", "--parameters_yaml", action="append", default=[], metavar="YAML")
+    g.add_argument("-f", "--parameters_file", action="append", default=[], metavar="FILE")
+    g.add_argument(
+        "-b", "--parameters_base64", action="append", default=[], metavar="B64", help="YAML"
+    )
+    g.add_argument("--inject-input-path", action="store_true", help="PAPERMILL_INPUT_PATH = INPUT")
+    g.add_argument(
+        "--inject-output-path", action="store_true", help="PAPERMILL_OUTPUT_PATH = OUTPUT"
+    )
+    g.add_argument("--inject-paths", action="store_true", help="both of the above")
+
+
+def _add_execution_flags(p: argparse.ArgumentParser) -> None:
+    e = p.add_argument_group("execution (as papermill)")
+    e.add_argument("-k", "--kernel", help="kernel name (default: the notebook's)")
+    e.add_argument("-l", "--language", help="the notebook's language (spotbook: python)")
+    e.add_argument("--engine", help="execution engine (spotbook's own: nbclient)")
+    e.add_argument("--cwd", help="working directory of the kernel")
+    e.add_argument(
+        "--log-output",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="echo cell output to stderr",
+    )
+    e.add_argument("--stdout-file", metavar="FILE", help="write the cells' stdout to FILE")
+    e.add_argument("--stderr-file", metavar="FILE", help="write the cells' stderr to FILE")
+    e.add_argument(
+        "--report-mode",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="hide the code cells' input in the output notebook",
+    )
+    e.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        help="tqdm's bar on stderr, as papermill draws it (default: on unless --log-output)",
+    )
+    e.add_argument("--execution-timeout", type=float, metavar="S", help="limit per cell")
+    e.add_argument("--start-timeout", "--start_timeout", type=float, default=60.0, metavar="S")
+    e.add_argument(
+        "--autosave-cell-every",
+        type=int,
+        default=30,
+        metavar="S",
+        help="accepted for papermill compatibility; progress is saved after every cell",
+    )
+    e.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="write the parameterised notebook without running it",
+    )
+    e.add_argument(
+        "--help-notebook",
+        action="store_true",
+        help="show the notebook's parameters (as `spotbook inspect`) and exit",
+    )
+    e.add_argument(
+        "--request-save-on-cell-execute",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="accepted for papermill compatibility; progress is always saved per cell",
+    )
+    s = p.add_argument_group("spotbook")
+    s.add_argument("--run-dir", metavar="URL", help="run store (default .spotbook/runs/ID)")
+    s.add_argument("--timeout", type=float, metavar="S", help="limit for the whole run")
+    s.add_argument(
+        "--snapshot",
+        default="auto",
+        metavar="MODE",
+        help="kernel-state snapshots: every-cell, auto (cost-aware), off",
+    )
+    s.add_argument(
+        "--snapshot-interval",
+        type=float,
+        metavar="S",
+        help="with auto: also snapshot after this much compute",
+    )
+    s.add_argument(
+        "--max-preemptions",
+        type=int,
+        metavar="N",
+        help="stop with exit 5 after N preemptions (submit: default 20)",
+    )
+    s.add_argument(
+        "--strict-resume",
+        action="store_true",
+        help="refuse to resume (exit 6) when the resumed run could differ from an "
+        "uninterrupted one; the fidelity report in `spotbook status` says what",
+    )
+    s.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=Limits().max_output_bytes,
+        metavar="N",
+        help="stream text kept per cell in the notebook",
+    )
+    s.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=Limits().checkpoint_interval,
+        metavar="S",
+        help="object-store runs: sync spotbook.checkpoint_dir() to the store this often",
+    )
+    s.add_argument(
+        "--restart", action="store_true", help="discard what --run-dir holds and start over"
+    )
+    _add_common(p)
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster (as kubectl)")
+    g.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+    g.add_argument("-n", "--namespace", metavar="NS", help="default: the context's namespace")
+
+
+def _add_submit_flags(p: argparse.ArgumentParser) -> None:
+    from ..kube.manifest import DEFAULT_BACKOFF, PROVIDERS
+
+    _add_cluster_flags(p)
+    k = p.add_argument_group("the Job")
+    k.add_argument("--image", required=True, help="container image with spotbook installed")
+    k.add_argument("--gpu", metavar="TYPE[:COUNT]", help="e.g. nvidia-l4, nvidia-l4:2, or 1")
+    k.add_argument("--cpu", metavar="CPU", help="CPU request, e.g. 4 or 500m")
+    k.add_argument("--memory", metavar="MEM", help="memory request and limit, e.g. 16Gi")
+    k.add_argument(
+        "--spot",
+        dest="spot",
+        action="store_true",
+        default=True,
+        help="run on spot/preemptible nodes (default)",
+    )
+    k.add_argument("--on-demand", dest="spot", action="store_false", help="run on regular nodes")
+    k.add_argument(
+        "--provider",
+        default="gke",
+        choices=sorted(PROVIDERS),
+        help="whose spot and GPU node labels to use (default gke)",
+    )
+    k.add_argument(
+        "--service-account",
+        metavar="NAME",
+        help="Kubernetes service account (workload identity for the bucket)",
+    )
+    k.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for the pod; its value is in the Job spec in plain text",
+    )
+    k.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="NAME=SECRET:KEY",
+        help="a variable whose value is item KEY of Kubernetes Secret SECRET (secretKeyRef)",
+    )
+    k.add_argument(
+        "--env-from-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="every item of Kubernetes Secret SECRET as a variable (envFrom)",
+    )
+    k.add_argument(
+        "--key-secret",
+        default=None,
+        metavar="NAME",
+        help="the Secret holding the run key, created from this machine's key if missing "
+        "(default spotbook-run-key)",
+    )
+    k.add_argument(
+        "--queue",
+        metavar="NAME",
+        help="Kueue LocalQueue: the Job is created suspended and Kueue starts it on admission",
+    )
+    k.add_argument(
+        "--ttl",
+        default="7d",
+        metavar="DURATION",
+        help="delete the finished Job after this long (default 7d)",
+    )
+    k.add_argument("--deadline", metavar="DURATION", help="activeDeadlineSeconds, e.g. 12h")
+    k.add_argument(
+        "--backoff-limit",
+        type=int,
+        default=DEFAULT_BACKOFF,
+        metavar="N",
+        help="infrastructure failures to retry (preemptions are not counted)",
+    )
+    k.add_argument("--dry-run", action="store_true", help="print the manifest, submit nothing")
+    k.add_argument("-o", "--output-format", choices=["yaml", "json"], default="yaml")
+    k.add_argument(
+        "--wait", action="store_true", help="follow the Job until it ends; exit with the run's code"
+    )
+
+
+def _add_plan_flags(p: argparse.ArgumentParser, provider: str) -> None:
+    from ..kube.gpus import DEFAULT_GPU
+    from ..kube.plans import KSA_DEFAULT
+
+    if provider == "gke":
+        p.add_argument("--project", help="Google Cloud project")
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--zone", dest="location", help="e.g. us-central1-a (zonal cluster)")
+        where.add_argument("--region", dest="location", help="e.g. us-central1 (regional)")
+    elif provider == "eks":
+        p.add_argument("--region", dest="location", help="AWS region, e.g. us-west-2")
+    else:
+        p.add_argument("--resource-group", dest="project", help="Azure resource group")
+        p.add_argument("--location", help="Azure region, e.g. eastus")
+    p.add_argument("--cluster", default="spotbook", help="cluster name (default spotbook)")
+    default_gpu = DEFAULT_GPU[provider]
+    p.add_argument(
+        "--gpu",
+        default=default_gpu,
+        metavar="TYPE[:COUNT]",
+        help=f"GPU type and count per node (default {default_gpu}; COUNT alone keeps it)",
+    )
+    p.add_argument(
+        "--machine-type",
+        help="GPU node machine type (default: the one that carries COUNT of the GPU type)",
+    )
+    if provider == "gke":
+        p.add_argument(
+            "--node-locations",
+            metavar="ZONE[,ZONE...]",
+            help="regional clusters: the zones the GPU pool uses (zones that offer the GPU)",
+        )
+    p.add_argument(
+        "--registry",
+        metavar="NAME",
+        help="the image repository the plan creates (default spotbook; on AKS the "
+        "registry's name, default made from --cluster and --bucket)",
+    )
+    p.add_argument("--system-machine-type", help="system pool machine type")
+    p.add_argument("--max-nodes", type=int, default=4, help="GPU pool autoscaling limit")
+    p.add_argument("--bucket", help="bucket (storage account on AKS) for run stores")
+    p.add_argument("--namespace", default="default", help="where runs' pods go")
+    p.add_argument("--service-account", default=KSA_DEFAULT, help="the pods' service account")
+    p.add_argument("-o", "--output-format", choices=["text", "json"], default="text")
+    if provider == "gke":
+        p.add_argument("--yes", action="store_true", help="up/down: run without asking")
+        p.add_argument(
+            "--from",
+            dest="start",
+            type=int,
+            default=1,
+            metavar="N",
+            help="up/down: start at step N (after fixing a failed step)",
+        )
+        p.add_argument(
+            "--delete-bucket",
+            action="store_true",
+            help="down: also delete the bucket and every run in it",
+        )
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--grace",
+        type=float,
+        metavar="S",
+        help=f"on SIGTERM, how long the running cell may take to finish (default "
+        f"{Limits().grace:g}, or what the run was started with)",
+    )
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spotbook",
+        description="Run notebooks as batch jobs that survive preemption.",
+    )
+    parser.add_argument("--version", action="version", version=f"spotbook {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run a notebook (papermill's flags), saving progress")
+    _add_run_flags(run)
+    ins = sub.add_parser(
+        "inspect",
+        help="the notebook's parameters: names, types, defaults, help (papermill's "
+        "--help-notebook)",
+        description="List the parameters the cell tagged 'parameters' assigns: name, type "
+        "(an annotation or a '# type:' comment), default and the help comment that ends the "
+        "line. -p/-r/-y/-f/-b fill a templated INPUT path, as papermill does.",
+    )
+    _add_parameter_flags(ins, "accepted for papermill's argument order; not used")
+    ins.add_argument("--json", action="store_true", help="papermill's inspect_notebook dict")
+    res = sub.add_parser("resume", help="continue a killed run after its last saved cell")
+    res.add_argument("run", metavar="RUN", help="run id or run store URL")
+    res.add_argument("--log-output", action="store_true")
+    res.add_argument(
+        "--strict-resume",
+        action="store_true",
+        help="refuse (exit 6) when the resumed run could differ from an uninterrupted one",
+    )
+    res.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        help="tqdm's bar on stderr (default: on unless --log-output)",
+    )
+    _add_common(res)
+    st = sub.add_parser("status", help="where a run stands (store, and cluster if submitted)")
+    st.add_argument("run", metavar="RUN", help="run id or run store URL")
+    st.add_argument("--json", action="store_true", help="machine-readable")
+    sb = sub.add_parser(
+        "submit",
+        help="run a notebook as a Kubernetes Job on spot (GPU) nodes",
+        description="Freeze the notebook into --run-dir (a bucket URL) and create a Job "
+        "that runs it with `spotbook worker`; preemptions resume after the last saved cell.",
+    )
+    _add_run_flags(sb)
+    _add_submit_flags(sb)
+    st = sub.choices["status"]
+    _add_cluster_flags(st)
+    lg = sub.add_parser("logs", help="the output of a submitted run's pod (kubectl logs)")
+    lg.add_argument("run", metavar="RUN", help="run id or run store URL")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+    lg.add_argument("--all", action="store_true", help="every attempt's pod, oldest first")
+    _add_cluster_flags(lg)
+    cn = sub.add_parser("cancel", help="stop a submitted run: delete its Job (progress is kept)")
+    cn.add_argument("run", metavar="RUN", help="run id or run store URL")
+    _add_cluster_flags(cn)
+    rc = sub.add_parser(
+        "recover",
+        help="a submitted run whose pod is stuck Terminating on a dead node: delete that "
+        "pod (grace 0) so the Job starts a replacement",
+    )
+    rc.add_argument("run", metavar="RUN", help="run id or run store URL")
+    _add_cluster_flags(rc)
+    dr = sub.add_parser(
+        "drill",
+        help="preempt a running run on purpose and report how it recovered",
+        description="Local runs: SIGTERM to the runner (SIGKILL after its grace), then "
+        "resume here. Submitted runs: evict the pod through the Eviction API (as a drain or "
+        "the autoscaler would), or on GKE simulate a maintenance event on its node; then "
+        "follow the run until it runs new cells again and print the downtime report.",
+    )
+    dr.add_argument("run", metavar="RUN", help="run id or run store URL")
+    dr.add_argument(
+        "--how",
+        choices=["evict", "maintenance"],
+        default="evict",
+        help="submitted runs: Eviction API (any cluster) or GKE maintenance event",
+    )
+    dr.add_argument(
+        "--yes",
+        action="store_true",
+        help="maintenance: run the gcloud command instead of printing it",
+    )
+    dr.add_argument("--no-resume", action="store_true", help="local runs: only stop it")
+    dr.add_argument(
+        "--timeout", type=float, default=1800.0, metavar="S", help="how long to follow the recovery"
+    )
+    dr.add_argument("--log-output", action="store_true")
+    dr.add_argument("--progress-bar", action=argparse.BooleanOptionalAction, default=False)
+    _add_cluster_flags(dr)
+    _add_common(dr)
+    for provider, verbs in (
+        ("gke", ("plan", "up", "down")),
+        ("eks", ("plan",)),
+        ("aks", ("plan",)),
+    ):
+        pp = sub.add_parser(provider, help=f"{provider.upper()} cluster setup for spot GPU runs")
+        pp.add_argument("verb", choices=verbs, help="plan: print the commands; up/down: run them")
+        _add_plan_flags(pp, provider)
+    runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
+    runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
+    runs.add_argument("-A", "--all-namespaces", action="store_true")
+    _add_cluster_flags(runs)
+    wk = sub.add_parser(
+        "worker",
+        help="the container entrypoint: run or resume the run in SPOTBOOK_RUN_DIR",
+        description="Run one attempt of a run, as a container does: the run store comes "
+        "from --run-dir or SPOTBOOK_RUN_DIR, or from the classic BUCKET_NAME / "
+        "DOWNLOAD_FILE_PATH / UPLOAD_FILE_PATH variables. Exits with DESIGN.md's codes.",
+    )
+    wk.add_argument("--run-dir", metavar="URL", help="run store (default $SPOTBOOK_RUN_DIR)")
+    wk.add_argument(
+        "--log-output",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("SPOTBOOK_LOG_OUTPUT", "1") not in ("0", "false", ""),
+        help="echo cell output to stderr, for the pod's log (default on)",
+    )
+    wk.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="draw the progress bar on stderr (default off: a pod's log is not a terminal)",
+    )
+    _add_common(wk)
+    return parser

@@ -1,0 +1,248 @@
+"""Commands that run a notebook here: run, resume, inspect and the container's worker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from .._api import inspect_notebook, notebook_parameters, outputs_to, prepare_run
+from .._errors import (
+    UsageError,
+)
+from .._models import (
+    EXIT_STOPPED,
+    Limits,
+    SnapshotPolicy,
+)
+from ..attempt.progress import ProgressBar
+from ..attempt.runner import Runner, RunnerOptions
+from ..kube.jobs import CANCELLED
+from ..notebook.parameters import Parameter, collect_parameters
+from ..store.runstore import RunStore, resolve_run
+
+log = logging.getLogger("spotbook")
+
+
+def _echo_output(kind: str, content: dict[str, Any]) -> None:
+    text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
+    if kind == "error":
+        text = f"{content.get('ename')}: {content.get('evalue')}\n"
+    if text:
+        sys.stderr.write(text if str(text).endswith("\n") else f"{text}\n")
+        sys.stderr.flush()
+
+
+def _exit_now(why: str) -> None:
+    """The runner's exit watchdog: the time to exit after a notice ran out."""
+    print(f"spotbook: {why}", file=sys.stderr, flush=True)
+    logging.shutdown()
+    os._exit(EXIT_STOPPED)
+
+
+def _stream_files(args: argparse.Namespace) -> Any:
+    """(on_output, files to close): --log-output to stderr, --stdout-file/--stderr-file."""
+    files = {
+        name: open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the caller
+        for name, path in (
+            ("stdout", getattr(args, "stdout_file", None)),
+            ("stderr", getattr(args, "stderr_file", None)),
+        )
+        if path
+    }
+    echo = _echo_output if args.log_output else None
+    return outputs_to(echo, files.get("stdout"), files.get("stderr")), list(files.values())
+
+
+def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
+    on_output, files = _stream_files(args)
+    opts = RunnerOptions(
+        grace=args.grace,
+        strict_resume=bool(getattr(args, "strict_resume", False)),
+        on_output=on_output,
+        progress=ProgressBar(
+            not args.log_output if args.progress_bar is None else args.progress_bar,
+            describe_cells=not args.log_output,
+        ),
+        on_overrun=_exit_now,
+    )
+    try:
+        result = Runner(store, opts).run()
+    finally:
+        for fh in files:
+            fh.close()
+    output = store.require_run()["spec"].get("output") or f"{result.url}/output.ipynb"
+    print(
+        f"spotbook: run {result.run_id} {result.status.value}: "
+        f"{result.cells_done}/{result.cells_total} cells; output in {output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(
+        execution_timeout=args.execution_timeout,
+        run_timeout=args.timeout,
+        start_timeout=args.start_timeout,
+        grace=Limits().grace if args.grace is None else args.grace,
+        max_preemptions=args.max_preemptions,
+        max_output_bytes=args.max_output_bytes,
+        checkpoint_interval=args.checkpoint_interval,
+    )
+
+
+def _parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The parameters, merged as papermill merges them: the injected paths, -b, -f, -y,
+    -p, -r."""
+    paths = {}
+    if args.inject_input_path or args.inject_paths:
+        paths["PAPERMILL_INPUT_PATH"] = args.input
+    if args.inject_output_path or args.inject_paths:
+        paths["PAPERMILL_OUTPUT_PATH"] = args.output or "-"
+    return collect_parameters(
+        paths=paths,
+        base64_yaml=args.parameters_base64,
+        files=args.parameters_file,
+        yaml_strings=args.parameters_yaml,
+        typed=[tuple(p) for p in args.parameters],
+        raw=[tuple(p) for p in args.parameters_raw],
+    )
+
+
+def _check_engine(args: argparse.Namespace) -> None:
+    if args.engine not in (None, "nbclient", "spotbook"):
+        raise UsageError(
+            f"--engine {args.engine}: spotbook runs notebooks with its own engine (nbclient "
+            "underneath); leave --engine out"
+        )
+    if args.language not in (None, "python") and not getattr(args, "prepare_only", False):
+        raise UsageError(
+            f"--language {args.language}: spotbook runs Python notebooks only (it restores a "
+            "Python kernel's state); --prepare-only writes the notebook with its parameters "
+            "in that language without running it"
+        )
+
+
+def _stdin_notebook(args: argparse.Namespace) -> Any:
+    """INPUT, or the notebook read from stdin for ``-``."""
+    if args.input != "-":
+        return args.input
+    data = sys.stdin.buffer.read()
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise UsageError(f"stdin (INPUT -) is not a notebook: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise UsageError("stdin (INPUT -) is not a notebook: not a JSON object")
+    return doc
+
+
+def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> RunStore:
+    """Freeze the parameterised notebook into its run store (run and submit)."""
+    _check_engine(args)
+    return prepare_run(
+        _stdin_notebook(args),
+        None if args.output == "-" else args.output,
+        parameters=_parameters(args),
+        report_mode=args.report_mode,
+        language=args.language,
+        prepare_only=bool(getattr(args, "prepare_only", False)),
+        kernel_name=args.kernel,
+        cwd=args.cwd,
+        limits=_limits(args),
+        snapshot=SnapshotPolicy.parse(args.snapshot, args.snapshot_interval),
+        run_dir=args.run_dir,
+        restart=args.restart,
+        strict_resume=args.strict_resume,
+        key=key,
+        here=here,
+    )
+
+
+def _show_parameters(where: str, found: list[Parameter] | None) -> None:
+    """papermill's --help-notebook listing: name, type, default, and the help comment
+    in a column of its own."""
+    print(f"Parameters inferred for notebook '{where}':")
+    if found is None:
+        print("  No cell tagged 'parameters'")
+    elif not found:
+        print("  No parameters assigned in the cell tagged 'parameters'")
+    for p in found or []:
+        head = f"  {p.name}: {p.shown_type()} (default {p.default})"
+        if not p.help:
+            print(head)
+        elif len(head) < 34:
+            print(f"{head:<34}{p.help}")
+        else:
+            print(f"{head}\n{'':<34}{p.help}")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    params = _parameters(args)
+    if args.json:
+        print(json.dumps(inspect_notebook(_stdin_notebook(args), params), indent=2))
+        return 0
+    _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), params))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    if args.help_notebook:
+        _check_engine(args)
+        _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
+        return 0
+    store = _prepare(args)
+    run_id = store.require_run()["spec"]["run_id"]
+    print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
+    if args.prepare_only:
+        data = store.read("input.ipynb")
+        output = store.require_run()["spec"].get("output")
+        if args.output == "-" and data is not None:
+            sys.stdout.write(data.decode())
+        elif output and data is not None:
+            from ..store.runstore import write_url
+
+            write_url(output, data)
+        return 0
+    if args.output != "-":
+        return _run_runner(store, args)
+    try:  # OUTPUT -: the notebook goes to stdout, also when a cell failed
+        return _run_runner(store, args)
+    finally:
+        data = store.read("output.ipynb")
+        if data is not None:
+            sys.stdout.write(data.decode())
+            sys.stdout.flush()
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    store = RunStore(resolve_run(args.run))
+    store.require_run()
+    print(f"spotbook: resuming {store.url}", file=sys.stderr)
+    return _run_runner(store, args)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .._worker import open_target, resolve_target
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
+        os.environ.get("SPOTBOOK_SNAPSHOT_KEY") or os.environ.get("SPOTBOOK_SNAPSHOT_KEY_FILE")
+    ):
+        # a key made in this pod's home would die with the pod: the next pod could not
+        # check the store, and every preemption would end the run
+        raise UsageError(
+            "spotbook worker in a pod needs the run key from a Kubernetes Secret: create "
+            "one (`kubectl create secret generic spotbook-run-key --from-literal=key=$(openssl "
+            "rand -hex 32)`), mount it and set SPOTBOOK_SNAPSHOT_KEY_FILE to the file "
+            "(`spotbook submit` does this itself; see docs/kubernetes.md)"
+        )
+    target = resolve_target(args.run_dir, os.environ)
+    store = open_target(target)
+    if store.exists(CANCELLED):
+        raise UsageError(f"run in {store.url} was cancelled (`spotbook cancel`); not starting it")
+    print(f"spotbook: worker for {store.url}", file=sys.stderr)
+    return _run_runner(store, args)

@@ -1,0 +1,202 @@
+"""Where runs stand: status (store and cluster) and the runs table."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+from typing import Any
+
+from .._status import describe, local_runs
+from ..kube.manifest import ANNOTATION_RUN_DIR
+from .cluster import _cluster_for, _cluster_view, _open_run
+
+log = logging.getLogger("spotbook")
+
+
+def _when(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    store = _open_run(args)
+    doc = describe(store, cluster=_cluster_view(args))
+    view = doc.get("cluster")
+    if view:
+        live = view.get("state")
+        if doc["status"] in ("pending", "running", "interrupted") and live in (
+            "pending",
+            "queued",
+            "retrying",
+            "running",
+        ):
+            doc["status"] = live
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    print(f"run      {doc['run_id']}  ({doc['run_dir']})")
+    print(f"status   {doc['status']}" + (f": {doc['message']}" if doc["message"] else ""))
+    print(f"cells    {doc['cells_done']}/{doc['cells_total']} done")
+    if doc["failing_cell"]:
+        f = doc["failing_cell"]
+        print(f"failed   cell {f['index']}: {f.get('ename')}: {f.get('evalue')}")
+    cluster = doc.get("cluster")
+    if cluster and "error" in cluster:
+        print(f"cluster  unknown: {cluster['error']}")
+    elif cluster:
+        where = (
+            f"Job {cluster.get('job')} in {cluster.get('namespace')}"
+            if "job" in cluster
+            else ("its Job is gone (finished and cleaned up, or cancelled)")
+        )
+        print(
+            f"cluster  {cluster['state']}: {where}, {cluster.get('preemptions', 0)} preempted pods"
+        )
+        if cluster.get("reason"):
+            why = cluster["reason"] + (f": {cluster['message']}" if cluster.get("message") else "")
+            print(f"  {why}")
+        from ..kube.jobs import describe_pod
+
+        for v in cluster["pods"]:
+            print(f"  {describe_pod(v)}")
+    print(f"attempts {len(doc['attempts'])}, preemptions {doc['preemptions']}")
+    _print_downtime(doc["downtime"])
+    for a in doc["attempts"]:
+        extra = ""
+        if a.get("replayed") is not None:
+            extra = f", restored in {a.get('restore_seconds', 0):.2f} s, replayed {a['replayed']}"
+        place = f"pod {a['pod']}" if a.get("pod") else f"pid {a.get('pid')}"
+        print(
+            f"  #{a.get('attempt')} {a.get('outcome'):<10} {_when(a.get('started'))} → "
+            f"{_when(a.get('ended'))}  from cell {a.get('resumed_from')} "
+            f"on {a.get('node') or a.get('host')} {place}{extra}"
+        )
+        for line in _attempt_details(a):
+            print(f"      {line}")
+    return 0
+
+
+def _clock(ts: float | None) -> str:
+    if not ts:
+        return "?"
+    return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-4]
+
+
+def _print_downtime(report: dict[str, Any]) -> None:
+    """The downtime report: what each preemption cost and the run's totals."""
+    for e in report["preemptions"]:
+        sp = e["split"]
+        stop = _clock(e["stopped_at"]) if e["stopped_at"] else "unknown (no notice)"
+        print(
+            f"preemption attempt {e['attempt']} → {e['next_attempt']} ({e['how']} on "
+            f"{e['node']}): last progress {_clock(e['last_progress_at'])}, stopped {stop}, "
+            + (
+                f"next pod on a node {_clock(e['next_scheduled_at'])}, "
+                if e.get("next_scheduled_at")
+                else ""
+            )
+            + f"next started {_clock(e['next_started_at'])}, new cells from "
+            f"{_clock(e['running_new_cells_at'])}"
+        )
+        print(
+            f"  gap {e['gap_seconds']:.2f} s = {sp['until_stopped']:.2f} s until stopped + "
+            f"{sp['scheduling_and_node']:.2f} s scheduling/node + "
+            f"{sp['image_and_kernel_start']:.2f} s image/kernel start + "
+            f"{sp['state_restore']:.2f} s state restore; redone {e['redone_seconds']:.2f} s"
+        )
+    t = report["totals"]
+    if t["preemptions"] or t["gpu_seconds"]:
+        print(
+            f"totals   {t['attempt_seconds']:.1f} s in attempts, {t['gpu_seconds']:.1f} "
+            f"GPU-seconds, {t['wasted_seconds']:.1f} s wasted, {t['downtime_seconds']:.1f} s "
+            f"down over {t['preemptions']} preemptions"
+        )
+
+
+_NOTICE_CELL = {
+    "none": "no cell was running",
+    "stopped": "the running cell saw spotbook.preempted() and stopped early",
+    "finished": "the running cell finished within --grace",
+    "interrupted": "the running cell outlived --grace and was interrupted; it runs again on resume",
+}
+
+
+def _attempt_details(a: dict[str, Any]) -> list[str]:
+    """Image, accelerators, the termination notice and checkpoint traffic of one
+    attempt, when known."""
+    out = []
+    if a.get("image"):
+        out.append(f"image {a['image']}")
+    gpus = a.get("gpus")
+    if gpus:
+        names = ", ".join(f"{g.get('name')} ({g.get('memory.total')} MiB)" for g in gpus)
+        out.append(f"gpus {len(gpus)}: {names}")
+    for name, info in sorted((a.get("frameworks") or {}).items()):
+        seen = info.get("devices") or info.get("error") or "no GPU"
+        out.append(f"{name} {info.get('version', '')} sees {seen}")
+    notice = a.get("notice")
+    if notice:
+        what = _NOTICE_CELL.get(notice.get("cell"), notice.get("cell"))
+        out.append(
+            f"{notice.get('signal')}: {what}; ended {notice.get('seconds_to_stop', 0):.2f} s "
+            "after the notice"
+        )
+    if a.get("snapshots_off"):
+        out.append(f"snapshots off: {a['snapshots_off']}; a resume replays instead")
+    if a.get("checkpoint_uploaded_bytes") or a.get("checkpoint_restored_bytes"):
+        out.append(
+            f"checkpoint files: {a.get('checkpoint_restored_bytes', 0)} bytes restored, "
+            f"{a.get('checkpoint_uploaded_bytes', 0)} bytes saved"
+        )
+    if a.get("fidelity"):
+        from ..attempt.fidelity import summary_lines
+
+        out.extend(f"resume: {line}" for line in summary_lines(a["fidelity"]))
+    return out
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _cluster_runs(args)
+    runs = local_runs()
+    if not runs:
+        print("no runs under ./.spotbook/runs (start one with `spotbook run NOTEBOOK`)")
+        return 0
+    print(f"{'RUN':<24} {'STATUS':<12} {'CELLS':>9} {'TRIES':>5}  SOURCE")
+    for r in runs:
+        cells = f"{r['cells_done']}/{r['cells_total']}"
+        print(
+            f"{r['run_id']:<24} {r['status']:<12} {cells:>9} {len(r['attempts']):>5}  {r['source']}"
+        )
+    return 0
+
+
+def _cluster_runs(args: argparse.Namespace) -> int:
+    from ..kube.jobs import job_view
+    from ..kube.manifest import LABEL_RUN
+
+    cluster = _cluster_for(args)
+    jobs = cluster.list_jobs(all_namespaces=args.all_namespaces)
+    if not jobs:
+        where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace!r}"
+        print(f"no spotbook Jobs in {where} (context {cluster.context_name})")
+        return 0
+    print(f"{'RUN':<24} {'NAMESPACE':<12} {'STATE':<10} {'FAILED PODS':>11}  RUN DIR")
+    for job in sorted(jobs, key=lambda j: j["metadata"].get("creationTimestamp") or ""):
+        meta = job["metadata"]
+        view = job_view(job, [])
+        st = job.get("status") or {}
+        state = (
+            view["state"]
+            if view["state"] in ("succeeded", "failed", "queued")
+            else ("active" if st.get("active") else "pending")
+        )
+        run_dir = (meta.get("annotations") or {}).get(ANNOTATION_RUN_DIR, "")
+        print(
+            f"{(meta.get('labels') or {}).get(LABEL_RUN, meta['name']):<24} "
+            f"{meta.get('namespace', ''):<12} {state:<10} {st.get('failed', 0):>11}  {run_dir}"
+        )
+    return 0
