@@ -26,9 +26,10 @@ from ._errors import (
     papermill_compatible,
 )
 from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
+from .attempt.context import RunnerOptions
 from .attempt.executor import check_kernel
 from .attempt.progress import ProgressBar
-from .attempt.runner import Runner, RunnerOptions, RunResult
+from .attempt.runner import Runner, RunResult
 from .notebook import document as nbs
 from .notebook.parameters import Parameter, inspect_source
 from .store.integrity import Key, load_key

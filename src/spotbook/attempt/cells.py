@@ -22,7 +22,8 @@ from ..notebook import document as nbs
 from .executor import KernelDied
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .context import Attempt
+    from .snapshots import Snapshots
 
 log = logging.getLogger(__name__)
 _EXIT_OK = {"", "0", "None"}  # SystemExit values that end a run successfully
@@ -31,12 +32,13 @@ _EXIT_OK = {"", "0", "None"}  # SystemExit values that end a run successfully
 class CellLoop:
     """Runs the cells of one attempt, from ``start`` to the end."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Attempt, snapshots: Snapshots) -> None:
         self.run = runner
+        self.snapshots = snapshots
 
     async def run_cells(self, start: int) -> None:
         run = self.run
-        notice, journal, snaps = run.notice, run.journal, run.snapshots
+        notice, journal, snaps = run.notice, run.journal, self.snapshots
         assert run.session is not None and notice is not None
         limits = run.spec.limits
         runnable = [i for i, c in enumerate(run.nb.cells) if nbs.executable(c)]

@@ -19,10 +19,10 @@ from ..notebook import document as nbs
 from .executor import KernelDied, python_transform
 from .fidelity import FidelityReport
 from .replay import ResumePlan, plan_resume
-from .snapshots import KERNEL_MODULE, CannotRebuild
+from .snapshots import KERNEL_MODULE, CannotRebuild, Snapshots
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .context import Attempt
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +34,9 @@ class _ReplayFailed(CannotRebuild):
 class Restorer:
     """Rebuilds the kernel's state for an attempt that resumes a run."""
 
-    def __init__(self, runner: Runner, undone: list[str]) -> None:
+    def __init__(self, runner: Attempt, snapshots: Snapshots, undone: list[str]) -> None:
         self.run = runner
+        self.snapshots = snapshots
         self.undone = undone  # files given back to the cell that runs again
 
     async def restore(self, start: int) -> tuple[ResumePlan | None, int]:
@@ -44,7 +45,7 @@ class Restorer:
         Returns the plan and the cell to go on from: ``start``, or 0 when the state
         could not be rebuilt and the attempt falls back to a fresh run.
         """
-        run, journal, snaps = self.run, self.run.journal, self.run.snapshots
+        run, journal, snaps = self.run, self.run.journal, self.snapshots
         session = run.session
         assert session is not None
         records = journal.records

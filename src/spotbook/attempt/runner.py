@@ -28,7 +28,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,33 +49,17 @@ from ..store.checkpoints import CheckpointDir
 from ..store.integrity import make_private_dirs
 from ..store.runstore import RunStore
 from .cells import CellLoop
+from .context import RunnerOptions
 from .executor import KernelDied, KernelSession, check_kernel, kernel_env
 from .files_sync import FilesSync
 from .journal import Journal, exited_early, start_index
 from .notice import Notice
-from .progress import Progress
 from .replay import ResumePlan
 from .restore import Restorer, undo_files
 from .snapshots import KERNEL_MODULE, Snapshots
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RunnerOptions:
-    """How the runner behaves, apart from what the run spec fixes."""
-
-    output_refresh: float = 5.0
-    on_output: Callable[[str, dict[str, Any]], None] | None = None
-    progress: Progress | None = None  # the CLI's and the API's tqdm bar
-    handle_signals: bool = True
-    grace: float | None = None  # overrides the run's --grace for this attempt
-    strict_resume: bool = False  # refuse to resume when the result could differ
-    # Called from a watchdog thread when the process is still here EXIT_MARGIN after
-    # the notice's deadline; it must end the process (the CLI exits with 75). None: no
-    # watchdog (the Python API never ends its caller's process).
-    on_overrun: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -246,12 +230,12 @@ class Runner:
                 )
             if journal.records:
                 async with self.kernel_may_die(start, "while restoring the state before cell"):
-                    plan, start = await Restorer(self, self._undone).restore(start)
+                    plan, start = await Restorer(self, self.snapshots, self._undone).restore(start)
             if plan is None and journal.attempt > 1:
                 # a later attempt with nothing to restore: it is back on new cells now
                 journal.note(resumed_at=time.time())
             journal.refresh(self.session, force=True, running=start)
-            await CellLoop(self).run_cells(start)
+            await CellLoop(self, self.snapshots).run_cells(start)
         except Terminated:
             if self.store.superseded(journal.attempt):
                 # a newer attempt owns the run: leave it run.json, output.ipynb and OUTPUT

@@ -21,7 +21,7 @@ from .._models import SAVE_BUDGET, SnapshotMode
 from ..store.runstore import CellKey
 
 if TYPE_CHECKING:
-    from .runner import Runner
+    from .context import Attempt
 
 log = logging.getLogger(__name__)
 KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
@@ -36,7 +36,7 @@ class CannotRebuild(Exception):
 class Snapshots:
     """One attempt's snapshots: the policy's measurements, and the blobs moved."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Attempt) -> None:
         self.run = runner
         self.enabled = runner.spec.snapshot.mode is not SnapshotMode.OFF
         self.cost: float | None = None  # what the next snapshot is expected to cost

@@ -18,8 +18,9 @@ from .._models import (
     Limits,
     SnapshotPolicy,
 )
+from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
-from ..attempt.runner import Runner, RunnerOptions
+from ..attempt.runner import Runner
 from ..kube.jobs import CANCELLED
 from ..notebook.parameters import Parameter, collect_parameters
 from ..store.runstore import RunStore, resolve_run
