@@ -15,6 +15,7 @@ from ._errors import (
     CellError,
     CellExecutionError,
     CellTimeoutError,
+    CommandFailedError,
     ExecutionTimeoutError,
     InputChangedError,
     InputNotFoundError,
@@ -34,11 +35,24 @@ from ._errors import (
     Terminated,
     UsageError,
 )
-from ._models import Limits, RunStatus, SnapshotMode, SnapshotPolicy
+from ._models import (
+    AttemptRecord,
+    CellStatus,
+    Limits,
+    Outcome,
+    RunStatus,
+    SnapshotMode,
+    SnapshotPolicy,
+)
 from .kernel.helpers import checkpoint_dir, preempted
 
 if TYPE_CHECKING:
     from ._api import execute_notebook, inspect_notebook, prepare_run, resume_run
+    from ._status import RunReport
+    from .ops.drill import DrillReport, drill
+    from .ops.plans import PlanRun, run_plan
+    from .ops.runs import Cancelled, Recovered, cancel_run, recover_run, run_status
+    from .ops.submit import Submitted, job_manifest, submit_notebook, wait_for_job
 
 # The runner side (nbclient, jupyter_client) loads on first use: a kernel that imports
 # spotbook for preempted()/checkpoint_dir(), or for snapshots, must not pay for it
@@ -48,6 +62,21 @@ _LAZY = {
     "inspect_notebook": "._api",
     "prepare_run": "._api",
     "resume_run": "._api",
+    # what the commands do, as calls that return typed results (the CLI renders them)
+    "RunReport": "._status",
+    "run_status": ".ops.runs",
+    "cancel_run": ".ops.runs",
+    "recover_run": ".ops.runs",
+    "Cancelled": ".ops.runs",
+    "Recovered": ".ops.runs",
+    "submit_notebook": ".ops.submit",
+    "job_manifest": ".ops.submit",
+    "wait_for_job": ".ops.submit",
+    "Submitted": ".ops.submit",
+    "drill": ".ops.drill",
+    "DrillReport": ".ops.drill",
+    "run_plan": ".ops.plans",
+    "PlanRun": ".ops.plans",
 }
 
 
@@ -61,9 +90,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AttemptRecord",
+    "Cancelled",
     "CellError",
     "CellExecutionError",
+    "CellStatus",
     "CellTimeoutError",
+    "CommandFailedError",
+    "DrillReport",
     "ExecutionTimeoutError",
     "InputChangedError",
     "InputNotFoundError",
@@ -71,10 +105,14 @@ __all__ = [
     "KernelNotFoundError",
     "Limits",
     "NotebookFormatError",
+    "Outcome",
     "ParameterError",
+    "PlanRun",
     "PreemptionBudgetError",
+    "Recovered",
     "ResumeRefusedError",
     "RunNotFoundError",
+    "RunReport",
     "RunStatus",
     "RunTimeoutError",
     "SnapshotIntegrityError",
@@ -83,13 +121,22 @@ __all__ = [
     "SpotbookError",
     "StorageError",
     "StoreIntegrityError",
+    "Submitted",
     "SupersededError",
     "Terminated",
     "UsageError",
+    "cancel_run",
     "checkpoint_dir",
+    "drill",
     "execute_notebook",
     "inspect_notebook",
+    "job_manifest",
     "preempted",
     "prepare_run",
+    "recover_run",
     "resume_run",
+    "run_plan",
+    "run_status",
+    "submit_notebook",
+    "wait_for_job",
 ]

@@ -25,7 +25,7 @@ from ._errors import (
     UsageError,
     papermill_compatible,
 )
-from ._models import Limits, RunSpec, RunStatus, SnapshotPolicy
+from ._models import AttemptRecord, Limits, Outcome, RunSpec, RunStatus, SnapshotPolicy
 from .attempt.context import RunnerOptions
 from .attempt.executor import check_kernel
 from .attempt.progress import ProgressBar
@@ -258,7 +258,9 @@ def prepare_run(
         },
     )
     if restart:
-        store.claim_attempt({"outcome": "restart", "resumed_from": 0, "restart": True})
+        store.claim_attempt(
+            AttemptRecord(outcome=Outcome.RESTART.value, resumed_from=0, restart=True)
+        )
         # the old run's records, snapshots and attempts no longer count (the claim above
         # bounds them); its checkpoint files must not be found by the new run either
         store.discard_checkpoint_files()

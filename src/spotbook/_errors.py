@@ -22,6 +22,7 @@
     ├── StoreIntegrityError             an object in the run store failed its check
     │   └── SnapshotIntegrityError      a snapshot (manifest or blob) failed its check
     ├── ResumeRefusedError              --strict-resume: the resumed run could differ
+    ├── CommandFailedError              a cloud command spotbook ran failed [retryable]
     └── Terminated                      stopped on a signal, progress saved [retryable]
 
 ``retryable`` says, on every class, whether the same command may pass when run again
@@ -251,6 +252,13 @@ class SnapshotIntegrityError(StoreIntegrityError):
 
 class ResumeRefusedError(SpotbookError):
     """``--strict-resume``: the resumed run could differ from an uninterrupted one."""
+
+
+class CommandFailedError(SpotbookError):
+    """A command spotbook ran for the user (a cloud plan's step, a drill's ``gcloud``)
+    failed, or what it set off did not happen in time: fix the cause and run again."""
+
+    retryable = True
 
 
 class Terminated(SpotbookError):

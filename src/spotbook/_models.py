@@ -6,7 +6,7 @@ import enum
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ._errors import UsageError
 
@@ -20,6 +20,7 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     RESUME_REFUSED = "resume-refused"
+    CANCELLED = "cancelled"  # its Job was deleted by `spotbook cancel` before it succeeded
 
 
 class Outcome(enum.StrEnum):
@@ -35,6 +36,122 @@ class Outcome(enum.StrEnum):
     STORAGE_ERROR = "storage-error"
     ERROR = "error"  # ended by something unexpected (a bug): the traceback says what
     RESUME_REFUSED = "resume-refused"
+    RESTART = "restart"  # not an attempt: --restart discarded every attempt before it
+
+
+# outcomes of an attempt that was interrupted from outside (a notice, or none)
+INTERRUPTED_OUTCOMES = frozenset({Outcome.PREEMPTED, Outcome.KILLED})
+
+
+class CellStatus(enum.StrEnum):
+    """What a cell's record in the store says of it."""
+
+    COMPLETED = "completed"  # it ran to the end: committed, never run again
+    FAILED = "failed"  # it raised: the run failed there
+    EXITED = "exited"  # it ended the notebook early (sys.exit(0), papermill's way)
+    EXECUTED = "executed"  # a note written before the cell ran: what to undo if it is lost
+
+
+class NoticeCell(enum.StrEnum):
+    """What the work running at a termination notice did."""
+
+    NONE = "none"  # no cell was running
+    STOPPED = "stopped"  # it saw spotbook.preempted() and returned early
+    FINISHED = "finished"  # it finished within --grace
+    INTERRUPTED = "interrupted"  # it outlived --grace and was interrupted; it runs again
+
+
+class Notice(TypedDict, total=False):
+    """How an attempt met its termination notice."""
+
+    signal: str
+    cell: str  # a NoticeCell's value
+    seconds_to_stop: float
+
+
+class AttemptRecord(TypedDict, total=False):
+    """One attempt's record in the store (``attempts/NNNN.json``): claimed when it
+    starts, added to as it learns, closed with its outcome."""
+
+    attempt: int
+    claim: str  # a token that makes the record its claimer's (the store's exclusive create)
+    outcome: str  # an Outcome's value
+    restart: bool  # the marker --restart leaves (outcome "restart")
+    # where it ran
+    host: str
+    pid: int
+    process_started: float
+    pod: str
+    namespace: str
+    node: str
+    image: str
+    gpus: list[dict[str, str]]
+    frameworks: dict[str, Any]
+    # when, and from where
+    started: float
+    ended: float
+    resumed_from: int
+    resumed_at: float  # from here on it ran cells never run before
+    kernel_start_seconds: float
+    stopped_at: int  # the first cell it left unfinished
+    notice: Notice
+    error: str
+    # what the resume rebuilt
+    restored_snapshot: str | None
+    restored_bytes: int
+    load_seconds: float
+    unrestored: list[str]
+    replayed: list[int]
+    restore_seconds: float
+    redone_seconds: float
+    fidelity: dict[str, Any]
+    fallback: dict[str, Any]
+    files_given_back: list[str]
+    snapshots_off: str
+    # checkpoint files (object stores)
+    checkpoint_restored_bytes: int
+    checkpoint_ready_seconds: float
+    checkpoint_uploaded_bytes: int
+    checkpoint_syncs: int
+    checkpoint_files: int
+    checkpoint_last_sync_seconds: float
+    store_bytes: int
+
+
+# what ``spotbook status`` shows of each attempt (the rest is for diagnosis)
+STATUS_ATTEMPT_FIELDS = (
+    "attempt",
+    "host",
+    "pid",
+    "pod",
+    "namespace",
+    "node",
+    "image",
+    "gpus",
+    "frameworks",
+    "started",
+    "ended",
+    "outcome",
+    "resumed_from",
+    "stopped_at",
+    "notice",
+    "restored_snapshot",
+    "replayed",
+    "unrestored",
+    "kernel_start_seconds",
+    "process_started",
+    "resumed_at",
+    "restore_seconds",
+    "redone_seconds",
+    "checkpoint_restored_bytes",
+    "checkpoint_uploaded_bytes",
+    "checkpoint_files",
+    "fidelity",
+    "fallback",
+    "files_given_back",
+    "snapshots_off",
+    "error",
+)
 
 
 class SnapshotMode(enum.StrEnum):

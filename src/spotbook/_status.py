@@ -6,9 +6,17 @@ import itertools
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from ._models import Outcome, RunSpec, RunStatus
+from ._models import (
+    INTERRUPTED_OUTCOMES,
+    STATUS_ATTEMPT_FIELDS,
+    AttemptRecord,
+    CellStatus,
+    Outcome,
+    RunSpec,
+    RunStatus,
+)
 from .kube.jobs import CANCELLED, JOB_RECORD, epoch
 from .notebook import document as nbs
 from .store.runstore import LOCAL_RUNS, RunStore
@@ -35,7 +43,7 @@ def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     here = socket.gethostname()
     # what came before the last --restart belongs to a discarded run
     cut = max((i for i, a in enumerate(attempts) if a.get("restart")), default=-1)
-    real = [a for a in attempts[cut + 1 :] if a.get("outcome") != "restart"]
+    real = [a for a in attempts[cut + 1 :] if a.get("outcome") != Outcome.RESTART]
     for i, rec in enumerate(real):
         rec = dict(rec)
         if rec.get("outcome") == Outcome.RUNNING.value:
@@ -50,7 +58,27 @@ def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 ClusterView = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
-def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, Any]:
+class RunReport(TypedDict):
+    """Where a run stands: ``spotbook status --json``, ``spotbook.run_status()``."""
+
+    run_id: str
+    run_dir: str
+    status: str  # a RunStatus's value; for a submitted run also the Job's live state
+    message: str
+    source: str
+    output: str | None
+    parameters: dict[str, Any]
+    kernel: str
+    cells_done: int
+    cells_total: int
+    failing_cell: dict[str, Any] | None  # index, execution_count, ename, evalue
+    attempts: list[AttemptRecord]  # the fields STATUS_ATTEMPT_FIELDS names
+    preemptions: int
+    downtime: dict[str, Any]  # what each preemption cost, and the totals (``downtime``)
+    cluster: NotRequired[dict[str, Any]]  # the Job and its pods (``kube.jobs.job_view``)
+
+
+def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
     """The status document behind ``spotbook status --json``.
 
     For a submitted run, ``cluster(run_id, job_record)`` gives the Job's view
@@ -63,76 +91,41 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> dict[str, A
     cells = nbs.load_frozen(raw).cells if raw else []
     executable = [i for i, c in enumerate(cells) if nbs.executable(c)]
     records = store.cell_records()
-    done = [i for i in executable if records.get(i, {}).get("status") in ("completed", "exited")]
-    failing = next((r for r in records.values() if r.get("status") == "failed"), None)
+    finished = (CellStatus.COMPLETED, CellStatus.EXITED)
+    done = [i for i in executable if records.get(i, {}).get("status") in finished]
+    failing = next((r for r in records.values() if r.get("status") == CellStatus.FAILED), None)
     attempts = _attempt_outcomes(store.attempts())
     status = RunStatus(run.get("status", RunStatus.PENDING.value))
-    if status is RunStatus.RUNNING and attempts and attempts[-1]["outcome"] == "killed":
+    if status is RunStatus.RUNNING and attempts and attempts[-1]["outcome"] == Outcome.KILLED:
         status = RunStatus.INTERRUPTED
     cancelled = status is not RunStatus.SUCCEEDED and store.exists(CANCELLED)
-    doc: dict[str, Any] = {
-        "run_id": spec.run_id,
-        "run_dir": store.url,
-        "status": "cancelled" if cancelled else status.value,
-        "message": run.get("message", ""),
-        "source": spec.source,
-        "output": spec.output,
-        "parameters": spec.parameters,
-        "kernel": spec.kernel_name,
-        "cells_done": len(done),
-        "cells_total": len(executable),
-        "failing_cell": None,
-        "attempts": [
-            {
-                k: a.get(k)
-                for k in (
-                    "attempt",
-                    "host",
-                    "pid",
-                    "pod",
-                    "namespace",
-                    "node",
-                    "image",
-                    "gpus",
-                    "frameworks",
-                    "started",
-                    "ended",
-                    "outcome",
-                    "resumed_from",
-                    "stopped_at",
-                    "notice",
-                    "restored_snapshot",
-                    "replayed",
-                    "unrestored",
-                    "kernel_start_seconds",
-                    "process_started",
-                    "resumed_at",
-                    "restore_seconds",
-                    "redone_seconds",
-                    "checkpoint_restored_bytes",
-                    "checkpoint_uploaded_bytes",
-                    "checkpoint_files",
-                    "fidelity",
-                    "fallback",
-                    "files_given_back",
-                    "snapshots_off",
-                    "error",
-                )
-                if a.get(k) is not None
-            }
-            for a in attempts
-        ],
-        "preemptions": sum(1 for a in attempts if a.get("outcome") in ("preempted", "killed")),
-    }
     job = store.read_json(JOB_RECORD) or {}
     view = cluster(spec.run_id, job) if cluster is not None and job else {}
-    if view:
-        doc["cluster"] = view
     pods = view.get("pods") or []
     scheduled = {p["name"]: p["scheduled"] for p in pods if p.get("scheduled")}
-    doc["downtime"] = downtime(
-        attempts, records, gpus=int(job.get("gpu_count") or 0), scheduled=scheduled
+    doc = RunReport(
+        run_id=spec.run_id,
+        run_dir=store.url,
+        status=(RunStatus.CANCELLED if cancelled else status).value,
+        message=run.get("message", ""),
+        source=spec.source,
+        output=spec.output,
+        parameters=spec.parameters,
+        kernel=spec.kernel_name,
+        cells_done=len(done),
+        cells_total=len(executable),
+        failing_cell=None,
+        attempts=[
+            {k: a[k] for k in STATUS_ATTEMPT_FIELDS if a.get(k) is not None}  # type: ignore[misc]
+            for a in attempts
+        ],
+        preemptions=sum(1 for a in attempts if a.get("outcome") in INTERRUPTED_OUTCOMES),
+        downtime=downtime(
+            attempts, records, gpus=int(job.get("gpu_count") or 0), scheduled=scheduled
+        ),
     )
+    if view:
+        doc["cluster"] = view
     if failing is not None:
         doc["failing_cell"] = {
             "index": failing["index"],
@@ -171,13 +164,13 @@ def downtime(
     for rec in records.values():
         n = int(rec.get("attempt") or 0)
         ends[n] = max(ends.get(n, 0.0), float(rec.get("end") or 0.0))
-    real = [a for a in attempts if a.get("outcome") != "restart" and a.get("started")]
+    real = [a for a in attempts if a.get("outcome") != Outcome.RESTART and a.get("started")]
     events: list[dict[str, Any]] = []
     for a, b in itertools.pairwise(real):
-        if a.get("outcome") not in ("preempted", "killed"):
+        if a.get("outcome") not in INTERRUPTED_OUTCOMES:
             continue
         t0 = max(ends.get(int(a["attempt"]), 0.0), float(a.get("resumed_at") or a["started"]))
-        known = a.get("outcome") == "preempted" and a.get("ended") is not None
+        known = a.get("outcome") == Outcome.PREEMPTED and a.get("ended") is not None
         t1 = max(float(a["ended"]), t0) if known else t0
         t2 = max(float(b.get("process_started") or b["started"]), t1)
         t3 = max(float(b["started"]) + float(b.get("kernel_start_seconds") or 0.0), t2)
@@ -234,7 +227,7 @@ def downtime(
     }
 
 
-def local_runs(base: str = ".") -> list[dict[str, Any]]:
+def local_runs(base: str = ".") -> list[RunReport]:
     """Status of every run under ``base/.spotbook/runs``, newest first."""
     root = os.path.join(base, LOCAL_RUNS)
     try:

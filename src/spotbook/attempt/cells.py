@@ -18,6 +18,7 @@ from .._errors import (
     RunTimeoutError,
     Terminated,
 )
+from .._models import CellStatus, NoticeCell
 from ..notebook import document as nbs
 from .executor import KernelDied
 
@@ -72,7 +73,7 @@ class CellLoop:
                     # group when the grace runs out. A preemption, not the cell's fault:
                     # nothing is recorded for the cell, which runs again on resume.
                     log.info("the kernel died after the notice, during cell %d", index)
-                    notice.cell = "interrupted"
+                    notice.cell = NoticeCell.INTERRUPTED
                     raise Terminated(notice.signame, run.resume_hint()) from None
                 journal.commit_failure(index, t0, "KernelDied", "the kernel process died")
                 raise KernelDiedError(cell_index=index, execution_count=None) from None
@@ -90,13 +91,16 @@ class CellLoop:
                 log.info("cell %d stopped on the notice; it continues on resume", index)
                 raise Terminated(notice.signame, run.resume_hint())
             duration = time.monotonic() - m0
-            status = "completed"
+            status = CellStatus.COMPLETED
             if result.error and not result.allowed_error:
                 exiting = result.error["ename"] == "SystemExit"
-                status = "exited" if exiting and result.error["evalue"] in _EXIT_OK else "failed"
+                ok = exiting and result.error["evalue"] in _EXIT_OK
+                status = CellStatus.EXITED if ok else CellStatus.FAILED
             record = journal.record(index, result, t0, duration, status, run.session)
             undo = record.get("undo")
-            snap_due = status == "completed" and index != last and await snaps.due(duration)
+            snap_due = (
+                status is CellStatus.COMPLETED and index != last and await snaps.due(duration)
+            )
             if undo and snap_due:
                 journal.note_executed(index, undo)
             if snap_due:
@@ -114,7 +118,7 @@ class CellLoop:
             journal.recommit_updated_displays(index, run.session)
             if bar is not None:
                 bar.advance(len(run.nb.cells) if index == last else index + 1)
-            if status == "failed":
+            if status is CellStatus.FAILED:
                 assert result.error is not None
                 raise CellExecutionError(
                     cell_index=index,
@@ -124,7 +128,7 @@ class CellLoop:
                     source=str(run.nb.cells[index].source),
                     traceback=result.error.get("traceback"),
                 )
-            if status == "exited":
+            if status is CellStatus.EXITED:
                 log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
                 return
             journal.refresh(run.session, running=index + 1)

@@ -9,7 +9,8 @@ import shutil
 import socket
 import subprocess
 import time
-from typing import Any
+
+from .._models import AttemptRecord
 
 # Environment variables the Job manifest sets from the downward API (and the image).
 POD_ENV = {
@@ -34,16 +35,16 @@ def process_started(pid: int | str = "self") -> float | None:
         return None
 
 
-def where() -> dict[str, Any]:
+def where() -> AttemptRecord:
     """Host, pid and the Kubernetes placement, as far as the environment tells."""
-    out: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    out: AttemptRecord = {"host": socket.gethostname(), "pid": os.getpid()}
     started = process_started()
     if started is not None:
         out["process_started"] = round(started, 3)
     for key, var in POD_ENV.items():
         value = os.environ.get(var)
         if value:
-            out[key] = value
+            out[key] = value  # type: ignore[literal-required]  # POD_ENV's keys are fields
     if "pod" not in out and os.environ.get("KUBERNETES_SERVICE_HOST"):
         out["pod"] = socket.gethostname()  # a pod's hostname is its name
     return out

@@ -13,11 +13,18 @@ import hashlib
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Unpack
 
 from .. import __version__
 from .._errors import PreemptionBudgetError, SupersededError
-from .._models import Outcome, RunSpec, RunStatus
+from .._models import (
+    INTERRUPTED_OUTCOMES,
+    AttemptRecord,
+    CellStatus,
+    Outcome,
+    RunSpec,
+    RunStatus,
+)
 from ..notebook import document as nbs
 from ..store.runstore import CellKey, RunStore
 from .environment import nvidia_gpus, where
@@ -27,19 +34,19 @@ log = logging.getLogger(__name__)
 
 # outcomes that count against --max-preemptions: preempted, and attempts still marked
 # running (killed without notice: node gone, SIGKILL), which cost the same
-_INTERRUPTED = {Outcome.PREEMPTED.value, Outcome.KILLED.value, Outcome.RUNNING.value}
+_INTERRUPTED = {*INTERRUPTED_OUTCOMES, Outcome.RUNNING}
 
 
 def start_index(nb: Any, records: dict[int, dict[str, Any]]) -> int:
     """First executable cell without a completed record (len(cells) when all done)."""
     for i, cell in enumerate(nb.cells):
-        if nbs.executable(cell) and records.get(i, {}).get("status") != "completed":
+        if nbs.executable(cell) and records.get(i, {}).get("status") != CellStatus.COMPLETED:
             return i
     return len(nb.cells)
 
 
 def exited_early(records: dict[int, dict[str, Any]]) -> bool:
-    return any(r.get("status") == "exited" for r in records.values())
+    return any(r.get("status") == CellStatus.EXITED for r in records.values())
 
 
 class Journal:
@@ -59,7 +66,7 @@ class Journal:
         self._run = run  # run.json as unsealed
         self.records: dict[int, dict[str, Any]] = {}
         self.attempt = 0
-        self.attempt_rec: dict[str, Any] = {}
+        self.attempt_rec: AttemptRecord = {}
         self.blob_bytes = 0  # written by the kernel, reported in the attempt record
         self._output_refresh = output_refresh
         self._last_refresh = 0.0
@@ -108,18 +115,16 @@ class Journal:
             self.store.url,
         )
 
-    def note(self, **fields: Any) -> None:
+    def note(self, **fields: Unpack[AttemptRecord]) -> None:
         """Add to the attempt record and write it (the attempt owns that file)."""
         self.attempt_rec.update(fields)
         self.store.update_attempt(self.attempt, self.attempt_rec)
 
-    def end(self, outcome: Outcome, **extra: Any) -> None:
-        self.attempt_rec.update(
-            outcome=outcome.value,
-            ended=time.time(),
-            store_bytes=self.store.bytes_written + self.blob_bytes,
-            **extra,
-        )
+    def end(self, outcome: Outcome, /, **extra: Unpack[AttemptRecord]) -> None:
+        self.attempt_rec.update(extra)
+        self.attempt_rec["outcome"] = outcome.value
+        self.attempt_rec["ended"] = time.time()
+        self.attempt_rec["store_bytes"] = self.store.bytes_written + self.blob_bytes
         # A superseded attempt still closes its own record (only it writes that file):
         # so it is not taken for a preemption, nor counted against the budget. It
         # writes nothing the newer attempt owns.
@@ -162,14 +167,14 @@ class Journal:
         result: CellResult,
         t0: float,
         duration: float,
-        status: str,
+        status: CellStatus,
         session: KernelSession,
     ) -> dict[str, Any]:
         """The record of a cell that ran (not yet committed)."""
         rec: dict[str, Any] = {
             "index": index,
             "attempt": self.attempt,
-            "status": status,
+            "status": status.value,
             "execution_count": result.execution_count,
             "outputs": self.cap(index, result.outputs),
             "metadata": result.metadata,
@@ -218,7 +223,12 @@ class Journal:
         self.store.write_cell(
             index,
             self.attempt,
-            {"index": index, "attempt": self.attempt, "status": "executed", "undo": undo},
+            {
+                "index": index,
+                "attempt": self.attempt,
+                "status": CellStatus.EXECUTED.value,
+                "undo": undo,
+            },
         )
 
     def commit(self, index: int, record: dict[str, Any]) -> None:
@@ -253,7 +263,7 @@ class Journal:
         rec = {
             "index": index,
             "attempt": self.attempt,
-            "status": "failed",
+            "status": CellStatus.FAILED.value,
             "execution_count": cell.get("execution_count"),
             "outputs": self.cap(index, outputs),
             "metadata": {},

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .._models import NoticeCell
+
 log = logging.getLogger(__name__)
 
 
@@ -28,10 +30,8 @@ class Notice:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.signame = ""
         self.at = 0.0
-        # what the work running at the notice did: "none" (nothing ran), "stopped" (it
-        # saw spotbook.preempted() and returned), "finished" (within the grace),
-        # "interrupted" (it outlived the grace)
-        self.cell = "none"
+        # what the work running at the notice did
+        self.cell = NoticeCell.NONE
         self._installed: list[signal.Signals] = []
         self._watchdog: threading.Timer | None = None
 

@@ -43,7 +43,7 @@ from .._errors import (
     Terminated,
     UsageError,
 )
-from .._models import EXIT_MARGIN, SAVE_BUDGET, Outcome, RunSpec, RunStatus
+from .._models import EXIT_MARGIN, SAVE_BUDGET, NoticeCell, Outcome, RunSpec, RunStatus
 from ..notebook import document as nbs
 from ..store.checkpoints import CheckpointDir
 from ..store.integrity import make_private_dirs
@@ -73,6 +73,12 @@ class RunResult:
     cells_total: int
     attempt: int
     replayed: tuple[int, ...] = ()
+    output: str | None = None  # OUTPUT as given (the store's output.ipynb is always there)
+
+    @property
+    def notebook(self) -> str:
+        """Where the output notebook is: OUTPUT, else the run store's copy."""
+        return self.output or f"{self.url}/output.ipynb"
 
 
 class Runner:
@@ -251,7 +257,7 @@ class Runner:
                 stopped_at=journal.next_unfinished(),
                 notice={
                     "signal": notice.signame,
-                    "cell": notice.cell,
+                    "cell": notice.cell.value,
                     "seconds_to_stop": round(time.monotonic() - notice.at, 3),
                 },
             )
@@ -299,7 +305,10 @@ class Runner:
                 if found:
                     self.journal.attempt_rec["frameworks"] = found
         await self._final_files_sync()
-        self.journal.end(outcome, **({"error": error} if error is not None else {}))
+        if error is None:
+            self.journal.end(outcome)
+        else:
+            self.journal.end(outcome, error=error)
         self.journal.refresh(self.session, force=True, final=True)
         self.journal.set_status(status, error or "")
 
@@ -316,6 +325,7 @@ class Runner:
             cells_total=sum(1 for c in self.nb.cells if nbs.executable(c)),
             attempt=self.journal.attempt,
             replayed=replayed,
+            output=self.spec.output,
         )
 
     async def race(
@@ -341,9 +351,10 @@ class Runner:
                 left = max(0.0, grace - (time.monotonic() - notice.at))
                 await asyncio.wait({task}, timeout=left)
                 if task.done():
-                    notice.cell = "stopped" if notice.seen_by_cell() else "finished"
+                    seen = notice.seen_by_cell()
+                    notice.cell = NoticeCell.STOPPED if seen else NoticeCell.FINISHED
                     return task.result()
-                notice.cell = "interrupted"
+                notice.cell = NoticeCell.INTERRUPTED
                 raise Terminated(notice.signame, self.resume_hint())
             if deadline == cell_deadline and cell_timeout is not None:
                 raise CellTimeoutError(cell_index=index, timeout=cell_timeout)

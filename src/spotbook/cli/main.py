@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .._errors import (
     CellError,
+    CommandFailedError,
     ExecutionTimeoutError,
     KernelDiedError,
     PreemptionBudgetError,
@@ -32,7 +33,7 @@ from .._models import (
     EXIT_USAGE,
 )
 from .cluster import _cmd_cancel, _cmd_logs, _cmd_recover, _cmd_submit
-from .drill import _cmd_drill, _DrillNotRun
+from .drill import _cmd_drill
 from .parser import build_parser
 from .plans import _cmd_cluster_plan
 from .run import _cmd_inspect, _cmd_resume, _cmd_run, _cmd_worker
@@ -47,6 +48,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (PreemptionBudgetError, EXIT_BUDGET),
     (ExecutionTimeoutError, EXIT_TIMEOUT),
     (StorageError, EXIT_STORAGE),
+    (CommandFailedError, EXIT_STORAGE),
     (SupersededError, EXIT_STORAGE),
     (ResumeRefusedError, EXIT_RESUME_REFUSED),
     (StoreIntegrityError, EXIT_USAGE),
@@ -92,9 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("google.auth").setLevel(logging.ERROR)
     try:
         return COMMANDS[args.command](args)
-    except _DrillNotRun as exc:
-        print(f"spotbook: {exc}", file=sys.stderr)
-        return 0
     except SpotbookError as exc:
         code = exit_code(exc)
         prefix = "" if isinstance(exc, Terminated) else "error: "

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from .._errors import (
-    StorageError,
-    UsageError,
-)
+from .._errors import UsageError
 
 log = logging.getLogger("spotbook")
 
@@ -57,13 +52,9 @@ def _cmd_cluster_plan(args: argparse.Namespace) -> int:
 
 
 def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
-    import subprocess
+    from ..ops.plans import run_plan, steps_from
 
-    from ..kube import plans as plans
-
-    todo = list(enumerate(steps, 1))[args.start - 1 :]
-    if not todo:
-        raise UsageError(f"--from {args.start}: the plan has {len(steps)} steps")
+    todo = steps_from(steps, args.start)  # a bad --from fails before the question
     if not args.yes:
         if not sys.stdin.isatty():
             raise UsageError("not a terminal to confirm on: review the plan, then pass --yes")
@@ -71,44 +62,10 @@ def _run_plan(steps: list[Any], args: argparse.Namespace) -> int:
         if answer not in ("y", "yes"):
             print("spotbook: nothing was run", file=sys.stderr)
             return 0
-    for n, step in todo:
-        print(f"spotbook: step {n}/{len(steps)}: {step.what}", file=sys.stderr, flush=True)
-        if step.done_if and _succeeds(step.done_if):
-            print(
-                f"spotbook: step {n}: already done (`{shlex.join(step.done_if)}` found it); "
-                "skipped",
-                file=sys.stderr,
-                flush=True,
-            )
-            continue
-        # a "$(...)" argument is a lookup the shell does, as in the printed plan
-        lookup = any("$(" in a for a in step.argv)
-        argv = ["bash", "-c", plans.shell_join(step.argv)] if lookup else list(step.argv)
-        try:
-            proc = subprocess.run(argv, input=step.stdin, text=True, check=False)
-            code = proc.returncode
-        except FileNotFoundError:
-            code = 127
-        if code != 0:
-            raise _PlanStepError(
-                f"step {n} failed (exit {code}): {shlex.join(step.argv)}; fix the cause and "
-                f"continue with `spotbook {args.command} {args.verb} ... --from {n}`"
-                + (f" (steps 1-{n - 1} are done)" if n > 1 else "")
-            )
-    print(f"spotbook: all {len(steps)} steps done", file=sys.stderr)
+    run_plan(
+        steps,
+        start=args.start,
+        again=lambda n: f"spotbook {args.command} {args.verb} ... --from {n}",
+        say=lambda line: print(f"spotbook: {line}", file=sys.stderr, flush=True),
+    )
     return 0
-
-
-def _succeeds(argv: Sequence[str]) -> bool:
-    """Whether a read-only check command exits 0 (its output is not shown)."""
-    import subprocess
-
-    try:
-        done = subprocess.run(list(argv), capture_output=True, check=False, timeout=120)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
-
-
-class _PlanStepError(StorageError):
-    """A cloud command of the plan failed (exit 3: fix and continue)."""

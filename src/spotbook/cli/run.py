@@ -20,7 +20,7 @@ from .._models import (
 )
 from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
-from ..attempt.runner import Runner
+from ..attempt.runner import Runner, RunResult
 from ..kube.jobs import CANCELLED
 from ..notebook.parameters import Parameter, collect_parameters
 from ..store.runstore import RunStore, resolve_run
@@ -58,9 +58,9 @@ def _stream_files(args: argparse.Namespace) -> Any:
     return outputs_to(echo, files.get("stdout"), files.get("stderr")), list(files.values())
 
 
-def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
-    on_output, files = _stream_files(args)
-    opts = RunnerOptions(
+def runner_options(args: argparse.Namespace, on_output: Any = None) -> RunnerOptions:
+    """The attempt's options from the run flags (grace, strict resume, progress bar)."""
+    return RunnerOptions(
         grace=args.grace,
         strict_resume=bool(getattr(args, "strict_resume", False)),
         on_output=on_output,
@@ -70,17 +70,25 @@ def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
         ),
         on_overrun=_exit_now,
     )
+
+
+def say_result(result: RunResult) -> None:
+    """The line that ends a run: its status, cells done, and where the notebook is."""
+    print(
+        f"spotbook: run {result.run_id} {result.status.value}: "
+        f"{result.cells_done}/{result.cells_total} cells; output in {result.notebook}",
+        file=sys.stderr,
+    )
+
+
+def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
+    on_output, files = _stream_files(args)
     try:
-        result = Runner(store, opts).run()
+        result = Runner(store, runner_options(args, on_output)).run()
     finally:
         for fh in files:
             fh.close()
-    output = store.require_run()["spec"].get("output") or f"{result.url}/output.ipynb"
-    print(
-        f"spotbook: run {result.run_id} {result.status.value}: "
-        f"{result.cells_done}/{result.cells_total} cells; output in {output}",
-        file=sys.stderr,
-    )
+    say_result(result)
     return 0
 
 

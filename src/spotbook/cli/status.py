@@ -8,9 +8,10 @@ import json
 import logging
 from typing import Any
 
-from .._status import describe, local_runs
+from .._models import AttemptRecord, NoticeCell
+from .._status import local_runs
 from ..kube.manifest import ANNOTATION_RUN_DIR
-from .cluster import _cluster_for, _cluster_view, _open_run
+from ..ops.runs import cluster_for, run_status
 
 log = logging.getLogger("spotbook")
 
@@ -22,18 +23,7 @@ def _when(ts: float | None) -> str:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    store = _open_run(args)
-    doc = describe(store, cluster=_cluster_view(args))
-    view = doc.get("cluster")
-    if view:
-        live = view.get("state")
-        if doc["status"] in ("pending", "running", "interrupted") and live in (
-            "pending",
-            "queued",
-            "retrying",
-            "running",
-        ):
-            doc["status"] = live
+    doc = run_status(args.run, context=args.context, namespace=args.namespace)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
@@ -116,15 +106,17 @@ def _print_downtime(report: dict[str, Any]) -> None:
         )
 
 
-_NOTICE_CELL = {
-    "none": "no cell was running",
-    "stopped": "the running cell saw spotbook.preempted() and stopped early",
-    "finished": "the running cell finished within --grace",
-    "interrupted": "the running cell outlived --grace and was interrupted; it runs again on resume",
+_NOTICE_CELL: dict[str, str] = {
+    NoticeCell.NONE: "no cell was running",
+    NoticeCell.STOPPED: "the running cell saw spotbook.preempted() and stopped early",
+    NoticeCell.FINISHED: "the running cell finished within --grace",
+    NoticeCell.INTERRUPTED: (
+        "the running cell outlived --grace and was interrupted; it runs again on resume"
+    ),
 }
 
 
-def _attempt_details(a: dict[str, Any]) -> list[str]:
+def _attempt_details(a: AttemptRecord) -> list[str]:
     """Image, accelerators, the termination notice and checkpoint traffic of one
     attempt, when known."""
     out = []
@@ -139,7 +131,8 @@ def _attempt_details(a: dict[str, Any]) -> list[str]:
         out.append(f"{name} {info.get('version', '')} sees {seen}")
     notice = a.get("notice")
     if notice:
-        what = _NOTICE_CELL.get(notice.get("cell"), notice.get("cell"))
+        cell = notice.get("cell", "")
+        what = _NOTICE_CELL.get(cell, cell)
         out.append(
             f"{notice.get('signal')}: {what}; ended {notice.get('seconds_to_stop', 0):.2f} s "
             "after the notice"
@@ -175,11 +168,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cluster_runs(args: argparse.Namespace) -> int:
-    from ..kube.jobs import job_view
+    from ..kube.jobs import JobState, job_view
     from ..kube.manifest import LABEL_RUN
 
-    cluster = _cluster_for(args)
-    jobs = cluster.list_jobs(all_namespaces=args.all_namespaces)
+    with cluster_for(args.context, args.namespace) as cluster:
+        jobs = cluster.list_jobs(all_namespaces=args.all_namespaces)
     if not jobs:
         where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace!r}"
         print(f"no spotbook Jobs in {where} (context {cluster.context_name})")
@@ -191,8 +184,8 @@ def _cluster_runs(args: argparse.Namespace) -> int:
         st = job.get("status") or {}
         state = (
             view["state"]
-            if view["state"] in ("succeeded", "failed", "queued")
-            else ("active" if st.get("active") else "pending")
+            if view["state"] in (JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED)
+            else ("active" if st.get("active") else JobState.PENDING)
         )
         run_dir = (meta.get("annotations") or {}).get(ANNOTATION_RUN_DIR, "")
         print(

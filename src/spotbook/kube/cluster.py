@@ -82,6 +82,16 @@ class Cluster:
         self.context_name = single.context_name
         self.client = Client(config=single, namespace=self.namespace, field_manager="spotbook")
 
+    def close(self) -> None:
+        """Close the connections to the API server (a library caller's process goes on)."""
+        self.client.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- errors ----------------------------------------------------------------
     def _call(self, what: str, op: Callable[[], T], *, retry: bool = True) -> T:
         import httpx2 as httpx

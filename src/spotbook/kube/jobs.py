@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import enum
 import queue
 import threading
 import time
@@ -19,6 +20,36 @@ from .manifest import LABEL_QUEUE
 
 JOB_RECORD = "job.json"  # in the run store: which cluster, namespace and Job run it
 CANCELLED = "cancelled.json"  # in the run store: the user cancelled the run
+
+
+class PodState(enum.StrEnum):
+    """A pod of the run as ``status`` shows it."""
+
+    PENDING = "pending"  # not scheduled yet, or pulling its image
+    RUNNING = "running"
+    TERMINATING = "terminating"  # deleted, inside its grace
+    STUCK = "stuck"  # Terminating past its grace on a node that is down (`spotbook recover`)
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"  # ended with the DisruptionTarget condition (spot reclaim, drain)
+    STOPPED = "stopped"  # exited 75: stopped on a notice after saving progress
+    FAILED = "failed"
+
+
+class JobState(enum.StrEnum):
+    """The run's Job, merged from its conditions and its pods."""
+
+    GONE = "gone"  # deleted: finished and cleaned up (TTL), or cancelled
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    QUEUED = "queued"  # suspended: Kueue has not admitted it
+    RUNNING = "running"
+    STUCK = "stuck"
+    RETRYING = "retrying"  # a pod was preempted or failed; the Job makes another
+    PENDING = "pending"
+
+
+# what the Job's view can tell while the run store has nothing more settled to say
+LIVE_STATES = (JobState.PENDING, JobState.QUEUED, JobState.RETRYING, JobState.RUNNING)
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -54,12 +85,12 @@ def _stuck(
     if ready:
         return "", ""
     if ready is None:
-        return "terminating", (
+        return PodState.TERMINATING, (
             f"Terminating {now - gone_at:.0f} s past its grace on node {node}; this account "
             "may not read nodes (`kubectl auth can-i get nodes`), so whether the node is "
             "down is unknown; if it is, `spotbook recover RUN` deletes the pod"
         )
-    return "stuck", (
+    return PodState.STUCK, (
         f"stuck Terminating for {now - gone_at:.0f} s past its grace on node {node}, which is "
         "not Ready: only that node's kubelet can confirm the pod stopped, and the Job starts "
         "no replacement until then (podReplacementPolicy: Failed). `spotbook recover RUN` "
@@ -110,25 +141,26 @@ def pod_view(
             ),
             None,
         )
-        view["state"] = "pending"
+        view["state"] = PodState.PENDING
         if unsched:
             view["reason"] = (
                 f"waiting for a node: {unsched.get('message') or unsched.get('reason')}"
             )
     elif phase == "Running":
-        view["state"] = "terminating" if pod["metadata"].get("deletionTimestamp") else "running"
+        deleted = pod["metadata"].get("deletionTimestamp")
+        view["state"] = PodState.TERMINATING if deleted else PodState.RUNNING
         state, why = _stuck(pod, node_ready, time.time() if now is None else now)
         if state:  # past its grace on a node that is down, or that cannot be read
             view["state"], view["reason"], view["past_grace"] = state, why, True
     elif phase == "Succeeded":
-        view["state"] = "succeeded"
+        view["state"] = PodState.SUCCEEDED
     elif disrupted:
-        view["state"] = "preempted"
+        view["state"] = PodState.PREEMPTED
         view["reason"] = disrupted.get("reason") or disrupted.get("message")
     elif view["exit_code"] == EXIT_STOPPED:
-        view["state"] = "stopped"
+        view["state"] = PodState.STOPPED
     else:
-        view["state"] = "failed"
+        view["state"] = PodState.FAILED
         if term:
             view["reason"] = term.get("reason")
     return view
@@ -143,21 +175,21 @@ def job_view(
     views = [pod_view(p, node_ready) for p in pods]
     out: dict[str, Any] = {"pods": views}
     if job is None:
-        out["state"] = "gone"
+        out["state"] = JobState.GONE
         return out
     out["job"] = job["metadata"]["name"]
     out["namespace"] = job["metadata"].get("namespace")
-    interrupted = [v for v in views if v["state"] in ("preempted", "stopped")]
+    interrupted = [v for v in views if v["state"] in (PodState.PREEMPTED, PodState.STOPPED)]
     out["preemptions"] = len(interrupted)
     failed = _condition(job, "Failed")
     if _condition(job, "Complete"):
-        out["state"] = "succeeded"
+        out["state"] = JobState.SUCCEEDED
     elif failed:
-        out["state"] = "failed"
+        out["state"] = JobState.FAILED
         out["reason"] = failed.get("reason")
         out["message"] = failed.get("message")
     elif (job.get("spec") or {}).get("suspend"):
-        out["state"] = "queued"
+        out["state"] = JobState.QUEUED
         queue_name = (job["metadata"].get("labels") or {}).get(LABEL_QUEUE)
         out["reason"] = (
             f"waiting for Kueue to admit it from LocalQueue {queue_name} "
@@ -165,15 +197,15 @@ def job_view(
             if queue_name
             else "the Job is suspended (spec.suspend); nothing starts until it is resumed"
         )
-    elif views and views[-1]["state"] == "running":
-        out["state"] = "running"
-    elif views and views[-1]["state"] == "stuck":
-        out["state"] = "stuck"
+    elif views and views[-1]["state"] == PodState.RUNNING:
+        out["state"] = JobState.RUNNING
+    elif views and views[-1]["state"] == PodState.STUCK:
+        out["state"] = JobState.STUCK
         out["reason"] = f"pod {views[-1]['name']} {views[-1]['reason']}"
-    elif interrupted or any(v["state"] == "failed" for v in views):
-        out["state"] = "retrying"
+    elif interrupted or any(v["state"] == PodState.FAILED for v in views):
+        out["state"] = JobState.RETRYING
     else:
-        out["state"] = "pending"
+        out["state"] = JobState.PENDING
     if views:
         out["current_pod"] = views[-1]["name"]
         out["node"] = views[-1]["node"]
@@ -183,11 +215,11 @@ def job_view(
 def exit_code_of(view: dict[str, Any]) -> int | None:
     """The code ``submit --wait`` exits with once the Job has finished (None: not yet)."""
     state = view.get("state")
-    if state == "succeeded":
+    if state == JobState.SUCCEEDED:
         return EXIT_OK
-    if state == "gone":
+    if state == JobState.GONE:
         return EXIT_STOPPED  # deleted: cancelled; its pod saved progress on SIGTERM
-    if state != "failed":
+    if state != JobState.FAILED:
         return None
     if view.get("reason") == "DeadlineExceeded":
         return EXIT_TIMEOUT
@@ -201,7 +233,7 @@ def describe_pod(v: dict[str, Any]) -> str:
     text = f"pod {v['name']} {v['state']}"
     if v.get("node"):
         text += f" on {v['node']}"
-    if v.get("exit_code") is not None and v["state"] != "running":
+    if v.get("exit_code") is not None and v["state"] != PodState.RUNNING:
         text += f" (exit {v['exit_code']})"
     if v.get("reason"):
         text += f": {v['reason']}"

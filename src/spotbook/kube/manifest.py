@@ -124,9 +124,9 @@ def stop_seconds(grace: float) -> int:
 class JobOptions:
     """What ``spotbook submit`` asks of the cluster for one run."""
 
-    run_id: str
     run_dir: str
     image: str
+    run_id: str = ""  # filled in by submit (submit_notebook, job_manifest)
     namespace: str = "default"
     provider: str = "gke"
     spot: bool = True

@@ -19,6 +19,7 @@ from typing import Any
 import nbformat
 
 from .._errors import NotebookFormatError
+from .._models import CellStatus
 from .languages import parameters_cell
 
 Notebook = Any  # nbformat.NotebookNode; untyped upstream
@@ -252,9 +253,9 @@ def assemble(
                 start_time=_iso(rec.get("start")),
                 end_time=_iso(rec.get("end")),
                 duration=rec.get("duration"),
-                exception=rec["status"] == "failed",
+                exception=rec["status"] == CellStatus.FAILED,
             )
-            if rec["status"] == "failed" and failed is None:
+            if rec["status"] == CellStatus.FAILED and failed is None:
                 failed = (index, rec)
         elif index == running:
             meta["status"] = "running"

@@ -41,6 +41,7 @@ import re
 import secrets
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -54,6 +55,7 @@ from .._errors import (
     StoreIntegrityError,
     UsageError,
 )
+from .._models import CellStatus
 from .backends import _atomic_local, backend_for, transient, with_retries
 from .integrity import (
     SEAL_FORMAT,
@@ -436,19 +438,19 @@ class RunStore:
         """The attempt of the last --restart (0: none); earlier attempts are discarded."""
         return max((int(a["attempt"]) for a in self.attempts() if a.get("restart")), default=0)
 
-    def claim_attempt(self, record: dict[str, Any]) -> int:
+    def claim_attempt(self, record: Mapping[str, Any]) -> int:
         """Create the next attempt record exclusively; returns its number."""
         claim = secrets.token_hex(8)  # makes the record unique to this caller (see create)
         while True:
             numbers = self.attempt_numbers()
             n = (numbers[-1] if numbers else 0) + 1
             rel = f"attempts/{n:04d}.json"
-            record = self._sign(rel, {**record, "attempt": n, "claim": claim})
-            if self.create(rel, json.dumps(record).encode()):
+            signed = self._sign(rel, {**record, "attempt": n, "claim": claim})
+            if self.create(rel, json.dumps(signed).encode()):
                 return n
             log.debug("attempt %d was claimed by another runner; trying the next", n)
 
-    def update_attempt(self, n: int, record: dict[str, Any]) -> None:
+    def update_attempt(self, n: int, record: Mapping[str, Any]) -> None:
         rel = f"attempts/{n:04d}.json"
         self.write_json(rel, self._sign(rel, {**record, "attempt": n}))
 
@@ -555,7 +557,7 @@ class RunStore:
         records: dict[int, dict[str, Any]] = {}
         notes: dict[int, dict[str, Any]] = {}
         for index, (_, rec) in best.items():
-            (notes if rec.get("status") == "executed" else records)[index] = rec
+            (notes if rec.get("status") == CellStatus.EXECUTED else records)[index] = rec
         return records, notes
 
     def _read_lines(self, rel: str, attempt: int) -> list[dict[str, Any]]:
