@@ -29,12 +29,13 @@ def _commands(prefix: str) -> list[list[str]]:
 
 
 PLANS = _commands("spotbook ")
-SUBMITS = [c for c in PLANS if c[1] == "submit"]
+SUBMITS = [c for c in PLANS if c[1] == "submit" or (c[1] == "sweep" and "--submit" in c)]
 SETUPS = [c for c in PLANS if len(c) > 2 and c[2] == "plan"]
 
 
 def test_the_page_has_commands_to_check() -> None:
     assert len(SUBMITS) >= 4 and {c[1] for c in SETUPS} == {"gke", "eks", "aks"}
+    assert any(c[1] == "sweep" for c in SUBMITS)
     assert any("--recover" in c or c[1] == "recover" for c in PLANS)
 
 

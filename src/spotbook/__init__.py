@@ -44,7 +44,7 @@ from ._models import (
     SnapshotMode,
     SnapshotPolicy,
 )
-from .kernel.helpers import checkpoint_dir, preempted
+from .kernel.helpers import checkpoint_dir, preempted, record
 
 if TYPE_CHECKING:
     from ._api import execute_notebook, inspect_notebook, prepare_run, resume_run
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .ops.plans import PlanRun, run_plan
     from .ops.runs import Cancelled, Recovered, cancel_run, recover_run, run_status
     from .ops.submit import Submitted, job_manifest, submit_notebook, wait_for_job
+    from .ops.sweep import PointRow, SweepTable, resume_sweep, submit_sweep, sweep, sweep_status
 
 # The runner side (nbclient, jupyter_client) loads on first use: a kernel that imports
 # spotbook for preempted()/checkpoint_dir(), or for snapshots, must not pay for it
@@ -77,6 +78,12 @@ _LAZY = {
     "DrillReport": ".ops.drill",
     "run_plan": ".ops.plans",
     "PlanRun": ".ops.plans",
+    "sweep": ".ops.sweep",
+    "resume_sweep": ".ops.sweep",
+    "sweep_status": ".ops.sweep",
+    "submit_sweep": ".ops.sweep",
+    "SweepTable": ".ops.sweep",
+    "PointRow": ".ops.sweep",
 }
 
 
@@ -108,6 +115,7 @@ __all__ = [
     "Outcome",
     "ParameterError",
     "PlanRun",
+    "PointRow",
     "PreemptionBudgetError",
     "Recovered",
     "ResumeRefusedError",
@@ -123,6 +131,7 @@ __all__ = [
     "StoreIntegrityError",
     "Submitted",
     "SupersededError",
+    "SweepTable",
     "Terminated",
     "UsageError",
     "cancel_run",
@@ -133,10 +142,15 @@ __all__ = [
     "job_manifest",
     "preempted",
     "prepare_run",
+    "record",
     "recover_run",
     "resume_run",
+    "resume_sweep",
     "run_plan",
     "run_status",
     "submit_notebook",
+    "submit_sweep",
+    "sweep",
+    "sweep_status",
     "wait_for_job",
 ]

@@ -52,6 +52,14 @@ def resolve_target(run_dir: str | None, env: Mapping[str, str]) -> WorkerTarget:
                 "`spotbook submit` created; or BUCKET_NAME and DOWNLOAD_FILE_PATH (and "
                 "UPLOAD_FILE_PATH) to run a notebook from a bucket"
             )
+        if env.get("SPOTBOOK_SWEEP_POINTS"):
+            index = env.get("JOB_COMPLETION_INDEX", "")
+            if not index.isdigit():
+                raise UsageError(
+                    "a sweep's worker runs point $JOB_COMPLETION_INDEX, which is not set: "
+                    "it is set in the pods of an Indexed Job (`spotbook sweep --submit`)"
+                )
+            return WorkerTarget(run_dir=f"{run_dir.rstrip('/')}/points/{int(index)}")
         return WorkerTarget(run_dir=run_dir)
     if not bucket or not download:
         missing = "BUCKET_NAME" if not bucket else "DOWNLOAD_FILE_PATH"

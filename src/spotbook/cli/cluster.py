@@ -11,13 +11,15 @@ from typing import Any
 
 from .._errors import UsageError
 from .._models import SnapshotPolicy
+from ..kube.manifest import JobOptions
 from ..ops.runs import cancel_run, cluster_for, job_record, open_run, recover_run
 from .run import _check_engine, _limits, _parameters, _stdin_notebook
 
 log = logging.getLogger("spotbook")
 
 
-def _cmd_submit(args: argparse.Namespace) -> int:
+def job_options(args: argparse.Namespace) -> JobOptions:
+    """The Job's options from submit's flags (the run id is filled in by the call)."""
     from ..kube.manifest import (
         DEFAULT_KEY_SECRET,
         DEFAULT_MAX_PREEMPTIONS,
@@ -27,15 +29,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         parse_gpu,
         parse_secret_env,
     )
-    from ..ops.submit import (
-        check_locations,
-        job_manifest,
-        submit_notebook,
-        submit_warnings,
-        wait_for_job,
-    )
 
-    check_locations(args.run_dir, args.output)
     if args.cwd:
         raise UsageError("--cwd is a path on this machine; it has no meaning in the pod")
     if args.prepare_only:
@@ -50,9 +44,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     gpu_type, gpu_count = parse_gpu(args.gpu)
     if args.max_preemptions is None:
         args.max_preemptions = DEFAULT_MAX_PREEMPTIONS
-    limits = _limits(args)
-    job = JobOptions(
-        run_id="",
+    return JobOptions(
         namespace=args.namespace or "default",
         run_dir=(args.run_dir or "").rstrip("/"),
         image=args.image,
@@ -71,9 +63,23 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         ttl_seconds=parse_duration(args.ttl, "--ttl"),
         deadline_seconds=parse_duration(args.deadline, "--deadline") if args.deadline else None,
         backoff_limit=args.backoff_limit,
-        grace=limits.grace,
+        grace=_limits(args).grace,
         source=args.input,
     )
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from ..ops.submit import (
+        check_locations,
+        job_manifest,
+        submit_notebook,
+        submit_warnings,
+        wait_for_job,
+    )
+
+    check_locations(args.run_dir, args.output)
+    job = job_options(args)
+    limits = _limits(args)
     for warning in submit_warnings(job, args.max_preemptions):
         print(f"spotbook: warning: {warning}", file=sys.stderr)
     _check_engine(args)

@@ -34,10 +34,11 @@ from .._models import (
 )
 from .cluster import _cmd_cancel, _cmd_logs, _cmd_recover, _cmd_submit
 from .drill import _cmd_drill
-from .parser import build_parser
+from .parser import SWEEP_VERBS, build_parser
 from .plans import _cmd_cluster_plan
 from .run import _cmd_inspect, _cmd_resume, _cmd_run, _cmd_worker
 from .status import _cmd_runs, _cmd_status
+from .sweep import _cmd_sweep, _cmd_sweep_results, _cmd_sweep_resume, _cmd_sweep_status
 
 log = logging.getLogger("spotbook")
 
@@ -77,6 +78,10 @@ COMMANDS = {
     "cancel": _cmd_cancel,
     "recover": _cmd_recover,
     "drill": _cmd_drill,
+    "sweep": _cmd_sweep,
+    "sweep-resume": _cmd_sweep_resume,
+    "sweep-status": _cmd_sweep_status,
+    "sweep-results": _cmd_sweep_results,
     "gke": _cmd_cluster_plan,
     "eks": _cmd_cluster_plan,
     "aks": _cmd_cluster_plan,
@@ -85,7 +90,10 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if len(words) > 1 and words[0] == "sweep" and words[1] in SWEEP_VERBS:
+        words = [f"sweep-{words[1]}", *words[2:]]  # `sweep status URL`, not a notebook
+    args = parser.parse_args(words)
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(format="spotbook: %(message)s", stream=sys.stderr)
     logging.getLogger("spotbook").setLevel(level)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 from .. import __version__
 from .._models import (
@@ -157,12 +158,14 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("-n", "--namespace", metavar="NS", help="default: the context's namespace")
 
 
-def _add_submit_flags(p: argparse.ArgumentParser) -> None:
+def _add_submit_flags(p: argparse.ArgumentParser, image_required: bool = True) -> None:
     from ..kube.manifest import DEFAULT_BACKOFF, PROVIDERS
 
     _add_cluster_flags(p)
     k = p.add_argument_group("the Job")
-    k.add_argument("--image", required=True, help="container image with spotbook installed")
+    k.add_argument(
+        "--image", required=image_required, help="container image with spotbook installed"
+    )
     k.add_argument("--gpu", metavar="TYPE[:COUNT]", help="e.g. nvidia-l4, nvidia-l4:2, or 1")
     k.add_argument("--cpu", metavar="CPU", help="CPU request, e.g. 4 or 500m")
     k.add_argument("--memory", metavar="MEM", help="memory request and limit, e.g. 16Gi")
@@ -311,6 +314,62 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
+SWEEP_VERBS = ("resume", "status", "results")
+
+
+def _add_sweep_parsers(sub: Any) -> None:
+    sw = sub.add_parser(
+        "sweep",
+        help="run a notebook over a grid of parameters: -p NAME V1,V2,... (also: sweep "
+        "resume|status|results URL)",
+        description="Each point of the grid is a run of its own in --run-dir/points/<i>. "
+        "A list is swept: -p lr 0.1,0.01 (typed as -p types values), lists in -y/-f YAML "
+        "(lists under a 'zip:' key go together), rows of --rows FILE.csv|.jsonl; axes "
+        "combine as a product. OUTPUT may be a template: out_{lr}.ipynb. Locally "
+        "--parallel points run at once; --submit runs them as one Indexed Job. Then: "
+        "`spotbook sweep status URL`, `sweep resume URL`, `sweep results URL -o FILE`.",
+    )
+    _add_run_flags(sw)
+    _add_submit_flags(sw, image_required=False)
+    g = sw.add_argument_group("the sweep")
+    g.add_argument("--rows", metavar="FILE", help="points as rows of a .csv or .jsonl file")
+    g.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="points at once (default: locally one per core and GiB of free memory; "
+        "submitted, every point)",
+    )
+    g.add_argument(
+        "--submit", action="store_true", help="run the points as one Indexed Job (submit's flags)"
+    )
+    g.add_argument(
+        "--max-failed-points",
+        type=int,
+        metavar="N",
+        help="submitted: stop the Job after N points failed (default: every point runs)",
+    )
+    g.add_argument("--json", action="store_true", help="print the final table as JSON")
+    resume = sub.add_parser("sweep-resume", prog="spotbook sweep resume")
+    resume.add_argument("url", metavar="URL", help="the sweep's --run-dir")
+    resume.add_argument("--parallel", type=int, metavar="N")
+    resume.add_argument("--json", action="store_true")
+    _add_common(resume)
+    status = sub.add_parser("sweep-status", prog="spotbook sweep status")
+    status.add_argument("url", metavar="URL", help="the sweep's --run-dir")
+    how = status.add_mutually_exclusive_group()
+    how.add_argument("--json", action="store_true")
+    how.add_argument("--csv", action="store_true")
+    results = sub.add_parser("sweep-results", prog="spotbook sweep results")
+    results.add_argument("url", metavar="URL", help="the sweep's --run-dir")
+    results.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the table: .csv, .jsonl, or .parquet (with pandas); default CSV on stdout",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spotbook",
@@ -408,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
         pp = sub.add_parser(provider, help=f"{provider.upper()} cluster setup for spot GPU runs")
         pp.add_argument("verb", choices=verbs, help="plan: print the commands; up/down: run them")
         _add_plan_flags(pp, provider)
+    _add_sweep_parsers(sub)
     runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
     runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
     runs.add_argument("-A", "--all-namespaces", action="store_true")

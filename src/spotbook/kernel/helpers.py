@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
 import tempfile
+from typing import Any
 
 
 def preempted() -> bool:
@@ -38,3 +41,38 @@ def checkpoint_dir() -> str:
         path = os.environ.setdefault("SPOTBOOK_CHECKPOINT_DIR", tempfile.mkdtemp(prefix="ckpt-"))
     os.makedirs(path, exist_ok=True)
     return path
+
+
+# the output type of a recorded result, in the cell's outputs (as scrapbook's glue
+# keeps a scrap): committed with the cell, in the output notebook, read by `sweep results`
+RECORD_MIME = "application/vnd.spotbook.record+json"
+
+
+def record(name: str, value: Any) -> None:
+    """Keep a result of the run under ``name`` (``value`` must be JSON-serialisable).
+
+    It becomes an output of the running cell, so it is saved with the cell in the run
+    store and shown in the output notebook; ``spotbook sweep results`` gathers each
+    point's records into one table. Recording a name again replaces its value (a cell
+    run again on resume records again). Outside a kernel it only checks the value.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError("spotbook.record: the name must be a non-empty string")
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"spotbook.record({name!r}, ...): the value must be JSON-serialisable "
+            f"(numbers, strings, lists, dicts; convert arrays with .tolist(), numpy scalars "
+            f"with float()): {exc}"
+        ) from exc
+    display = sys.modules.get("IPython.core.display_functions") or sys.modules.get(
+        "IPython.core.display"
+    )
+    publish = getattr(display, "publish_display_data", None)
+    if publish is None:
+        return
+    publish(
+        data={RECORD_MIME: {"name": name, "value": json.loads(text)}},
+        metadata={RECORD_MIME: {"name": name}},
+    )

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._models import EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
+from .._models import EXIT_CELL_ERROR, EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
 from .manifest import LABEL_QUEUE
 
 JOB_RECORD = "job.json"  # in the run store: which cluster, namespace and Job run it
@@ -223,6 +223,8 @@ def exit_code_of(view: dict[str, Any]) -> int | None:
         return None
     if view.get("reason") == "DeadlineExceeded":
         return EXIT_TIMEOUT
+    if view.get("reason") in ("FailedIndexes", "MaxFailedIndexesExceeded"):
+        return EXIT_CELL_ERROR  # points of a sweep failed (the others ran on)
     codes = [p["exit_code"] for p in view["pods"] if p.get("exit_code") is not None]
     if view.get("reason") == "PodFailurePolicy" and codes:
         return int(codes[-1])

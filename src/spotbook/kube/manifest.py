@@ -149,6 +149,12 @@ class JobOptions:
     grace: float = Limits().grace  # the run's --grace
     source: str = ""
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # a sweep: an Indexed Job of this many points, pod i running run_dir/points/i, with
+    # backoff_limit retries per point and up to max_failed_points failed ones (default
+    # all) before the Job stops; None: one run
+    points: int | None = None
+    parallelism: int | None = None
+    max_failed_points: int | None = None
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -168,6 +174,16 @@ class JobOptions:
             raise UsageError(f"--key-secret {self.key_secret!r} is not a valid Secret name")
         if self.queue is not None and not _LABEL_VALUE.match(self.queue):
             raise UsageError(f"--queue {self.queue!r} is not a valid Kueue queue name")
+        if self.points is not None and not 1 <= self.points <= MAX_INDEXED_POINTS:
+            raise UsageError(
+                f"a sweep Job holds 1 to {MAX_INDEXED_POINTS} points, not {self.points}"
+            )
+        if self.parallelism is not None and self.parallelism < 1:
+            raise UsageError("--parallel must be 1 or more")
+        if self.max_failed_points is not None and not (
+            self.points is not None and 0 <= self.max_failed_points <= self.points
+        ):
+            raise UsageError("--max-failed-points must be between 0 and the number of points")
         provider = PROVIDERS[self.provider]
         notice = provider.pod_notice
         if self.spot and notice is not None and self.grace + SAVE_BUDGET > notice:
@@ -179,6 +195,11 @@ class JobOptions:
                 f"before it saved; give --grace {most:g} or less"
             )
 
+
+# Kubernetes' limit on completions of an Indexed Job with backoffLimitPerIndex
+MAX_INDEXED_POINTS = 100_000
+# the worker runs point $JOB_COMPLETION_INDEX of the sweep in SPOTBOOK_RUN_DIR
+SWEEP_ENV = "SPOTBOOK_SWEEP_POINTS"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -350,6 +371,8 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
             for n, s, k in opts.secret_env
         ),
     ]
+    if opts.points is not None:
+        env.insert(1, {"name": SWEEP_ENV, "value": "1"})
     if opts.key_secret:
         key_file = f"{KEY_MOUNT}/{KEY_SECRET_ITEM}"
         env.append({"name": "SPOTBOOK_SNAPSHOT_KEY_FILE", "value": key_file})
@@ -423,7 +446,8 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
                     "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
                 },
                 {
-                    "action": "FailJob",
+                    # a sweep fails only the point: the other points go on
+                    "action": "FailJob" if opts.points is None else "FailIndex",
                     "onExitCodes": {
                         "containerName": CONTAINER,
                         "operator": "In",
@@ -445,6 +469,20 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
             "spec": pod_spec,
         },
     }
+    if opts.points is not None:
+        # One pod per point (JOB_COMPLETION_INDEX). backoffLimitPerIndex and
+        # maxFailedIndexes (with the FailIndex action above) are beta from Kubernetes
+        # 1.29, on by default, and GA in 1.33; completionMode Indexed is GA since 1.24.
+        del spec["backoffLimit"]
+        spec.update(
+            completionMode="Indexed",
+            completions=opts.points,
+            parallelism=opts.parallelism or opts.points,
+            backoffLimitPerIndex=opts.backoff_limit,
+            maxFailedIndexes=(
+                opts.points if opts.max_failed_points is None else opts.max_failed_points
+            ),
+        )
     if opts.ttl_seconds is not None:
         spec["ttlSecondsAfterFinished"] = opts.ttl_seconds
     if opts.deadline_seconds is not None:

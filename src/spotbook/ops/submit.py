@@ -197,6 +197,13 @@ def wait_for_job(
     finally:
         if cluster is None:
             client.close()
-    doc = describe(RunStore(submitted.url))
-    tell(f"run {run_id} {doc['status']}: {doc['cells_done']}/{doc['cells_total']} cells")
+    store = RunStore(submitted.url)
+    if store.exists("run.json"):
+        doc = describe(store)
+        tell(f"run {run_id} {doc['status']}: {doc['cells_done']}/{doc['cells_total']} cells")
+    else:  # a sweep
+        from .sweep import sweep_status
+
+        counts = sweep_status(submitted.url).counts()
+        tell(f"sweep {run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return int(code)

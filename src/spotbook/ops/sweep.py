@@ -1,0 +1,536 @@
+"""Sweeps: one notebook over a grid of parameters (``spotbook sweep``).
+
+Each point is an ordinary run with its own run store under ``URL/points/<index>``, so
+every command works on a point (``status``, ``resume``, ``drill``). ``URL/sweep.json``
+lists the points; it is written after every point's store, so a sweep that exists is
+complete, and it is only read to find the points: each point's notebook and parameters
+come from its own sealed store, never from ``sweep.json``.
+
+Locally the points run as ``spotbook resume`` processes, ``parallel`` at a time, each
+with its own kernel; a stop (SIGINT, SIGTERM) reaches every one of them, each saves its
+progress, and ``resume_sweep`` continues every unfinished point. On Kubernetes the
+sweep is one Indexed Job whose pod ``i`` runs point ``i`` (``submit_sweep``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import InputChangedError, RunNotFoundError, UsageError
+from .._models import (
+    EXIT_CELL_ERROR,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_STORAGE,
+    Limits,
+    RunStatus,
+    SnapshotPolicy,
+)
+from .._status import describe
+from ..kernel.helpers import RECORD_MIME
+from ..kube.manifest import JobOptions
+from ..notebook.grid import varying
+from ..store.integrity import Key
+from ..store.runstore import RunStore, is_url, new_run_id, resolve_run
+from .submit import Submitted
+
+log = logging.getLogger(__name__)
+
+SWEEP_FILE = "sweep.json"
+POINTS_DIR = "points"
+GIB = 1024**3
+# statuses a point keeps once it has them: a resume of the sweep leaves it alone
+_SETTLED = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RESUME_REFUSED, RunStatus.CANCELLED}
+)
+
+Say = Callable[[str], None]
+
+
+def point_url(url: str, index: int) -> str:
+    return f"{url.rstrip('/')}/{POINTS_DIR}/{index}"
+
+
+@dataclass(frozen=True)
+class PointRow:
+    """One point of a sweep, as ``sweep status`` shows it."""
+
+    index: int
+    parameters: dict[str, Any]
+    status: str
+    cells_done: int
+    cells_total: int
+    attempts: int
+    preemptions: int
+    results: dict[str, Any]
+    duration: float | None  # seconds in attempts (None before the first)
+    url: str
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class SweepTable:
+    """Every point of a sweep: parameters, status, progress and recorded results."""
+
+    url: str
+    rows: list[PointRow]
+    varying: list[str] = field(default_factory=list)  # parameters that differ by point
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def result_names(self) -> list[str]:
+        names: dict[str, None] = {}
+        for r in self.rows:
+            names.update(dict.fromkeys(r.results))
+        return list(names)
+
+    def records(self) -> list[dict[str, Any]]:
+        """One flat dict per point: index, the varying parameters, status, progress,
+        then every recorded result (None where a point recorded none)."""
+        names = self.result_names()
+        out = []
+        for r in self.rows:
+            row: dict[str, Any] = {"point": r.index}
+            row.update({k: r.parameters.get(k) for k in self.varying})
+            row.update(
+                status=r.status,
+                cells_done=r.cells_done,
+                cells_total=r.cells_total,
+                attempts=r.attempts,
+                preemptions=r.preemptions,
+                duration=r.duration,
+            )
+            row.update({n: r.results.get(n) for n in names})
+            out.append(row)
+        return out
+
+    def exit_code(self) -> int:
+        """The sweep's exit code: 0 every point succeeded, 1 a point failed (the others
+        ran on), 75 points are unfinished (stopped: ``sweep resume``), 3 otherwise."""
+        statuses = {r.status for r in self.rows}
+        if statuses <= {RunStatus.SUCCEEDED}:
+            return EXIT_OK
+        if statuses & {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.INTERRUPTED}:
+            return EXIT_STOPPED
+        if statuses & {RunStatus.FAILED, RunStatus.RESUME_REFUSED}:
+            return EXIT_CELL_ERROR
+        return EXIT_STORAGE
+
+
+def default_parallel() -> int:
+    """Points at once by default: one per core, and no more than one per GiB of memory
+    available (a kernel with a small notebook takes ~100 MB; real work more)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    avail = None
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    by_memory = max(1, avail // GIB) if avail else cores or 1
+    return max(1, min(cores or 1, by_memory))
+
+
+def prepare_sweep(
+    notebook: Any,
+    url: str,
+    points: Sequence[Mapping[str, Any]],
+    *,
+    output: str | None = None,
+    kernel_name: str | None = None,
+    language: str | None = None,
+    report_mode: bool = False,
+    limits: Limits | None = None,
+    snapshot: SnapshotPolicy | None = None,
+    strict_resume: bool = False,
+    restart: bool = False,
+    key: Key | None = None,
+    here: bool = True,
+) -> str:
+    """Freeze the notebook with each point's parameters into ``URL/points/<i>`` (or
+    reopen them: the same sweep again continues it) and write ``sweep.json``; returns
+    the sweep's id. ``output`` may be a path template (``out_{lr}.ipynb``)."""
+    from .._api import prepare_run
+
+    if not points:
+        raise UsageError("the sweep has no points: give -p NAME V1,V2,... or a YAML grid")
+    url = url.rstrip("/")
+    root = RunStore(url)
+    if root.exists("run.json"):
+        raise UsageError(f"{url} holds a run, not a sweep; give the sweep its own --run-dir")
+    old = root.read_json(SWEEP_FILE)
+    plain = [json.loads(json.dumps(dict(p))) for p in points]
+    if old is not None and not restart and [p.get("parameters") for p in old["points"]] != plain:
+        raise InputChangedError(
+            f"{url} holds a sweep over other points ({len(old['points'])} points); give "
+            "another --run-dir, or --restart to discard it and start this sweep there"
+        )
+    if isinstance(notebook, str) and not is_url(notebook):
+        notebook = os.path.abspath(notebook)
+    for i, params in enumerate(plain):
+        prepare_run(
+            notebook,
+            output,
+            parameters=params,
+            kernel_name=kernel_name,
+            language=language,
+            report_mode=report_mode,
+            limits=limits,
+            snapshot=snapshot,
+            run_dir=point_url(url, i),
+            restart=restart,
+            strict_resume=strict_resume,
+            key=key,
+            here=here,
+        )
+    sweep_id = (old or {}).get("sweep_id") if not restart else None
+    sweep_id = sweep_id or new_run_id()
+    root.write_json(
+        SWEEP_FILE,
+        {
+            "sweep_id": sweep_id,
+            "source": notebook if isinstance(notebook, str) else "-",
+            "created": (old or {}).get("created", time.time()) if not restart else time.time(),
+            "points": [{"index": i, "parameters": p} for i, p in enumerate(plain)],
+        },
+    )
+    return str(sweep_id)
+
+
+def open_sweep(url: str) -> tuple[str, list[dict[str, Any]]]:
+    """(the sweep's URL, its points: index and parameters)."""
+    url = resolve_run(url).rstrip("/")
+    doc = RunStore(url).read_json(SWEEP_FILE)
+    if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
+        raise RunNotFoundError(
+            f"no sweep in {url} ({SWEEP_FILE} is missing); start one with "
+            "`spotbook sweep NOTEBOOK --run-dir URL -p NAME V1,V2`"
+        )
+    return url, doc["points"]
+
+
+def point_results(store: RunStore) -> dict[str, Any]:
+    """What the point's cells recorded with ``spotbook.record``, last value per name."""
+    out: dict[str, Any] = {}
+    records = store.cell_records()
+    for index in sorted(records):
+        for o in records[index].get("outputs") or []:
+            found = (o.get("data") or {}).get(RECORD_MIME)
+            if isinstance(found, dict) and isinstance(found.get("name"), str):
+                out[found["name"]] = found.get("value")
+    return out
+
+
+def sweep_status(url: str) -> SweepTable:
+    """The sweep's table: every point's parameters, status, cells, attempts,
+    preemptions, recorded results and time in attempts."""
+    url, points = open_sweep(url)
+    rows = []
+    for p in points:
+        i = int(p["index"])
+        store = RunStore(point_url(url, i))
+        if not store.exists("run.json"):
+            rows.append(PointRow(i, p["parameters"], "missing", 0, 0, 0, 0, {}, None, store.url))
+            continue
+        doc = describe(store)
+        totals = doc["downtime"]["totals"]
+        rows.append(
+            PointRow(
+                index=i,
+                parameters=p["parameters"],
+                status=doc["status"],
+                cells_done=doc["cells_done"],
+                cells_total=doc["cells_total"],
+                attempts=len(doc["attempts"]),
+                preemptions=doc["preemptions"],
+                results=point_results(store),
+                duration=totals["attempt_seconds"] if doc["attempts"] else None,
+                url=store.url,
+                message=doc["message"],
+            )
+        )
+    return SweepTable(url, rows, varying([p["parameters"] for p in points]))
+
+
+def run_points(
+    url: str,
+    *,
+    parallel: int | None = None,
+    grace: float | None = None,
+    say: Say | None = None,
+    points: Sequence[int] | None = None,
+) -> SweepTable:
+    """Run (or resume) every unfinished point of the sweep at ``url`` here, ``parallel``
+    at a time, each in a ``spotbook resume`` process with its own kernel. SIGINT or
+    SIGTERM stops them all (each saves its progress) and starts no more; the table
+    says where every point stands."""
+    tell = say or log.info
+    url, listed = open_sweep(url)
+    width = parallel or default_parallel()
+    if width < 1:
+        raise UsageError("--parallel must be 1 or more")
+    todo = []
+    for p in listed:
+        i = int(p["index"])
+        if points is not None and i not in points:
+            continue
+        store = RunStore(point_url(url, i))
+        if not store.exists("run.json"):
+            raise UsageError(
+                f"point {i} of the sweep in {url} has no run store; run the same "
+                "`spotbook sweep` command again to create it"
+            )
+        status = describe(store)["status"]
+        if status in _SETTLED:
+            continue
+        if status == RunStatus.RUNNING:
+            tell(f"point {i} is running in another process; leaving it to that one")
+            continue
+        todo.append(i)
+    tell(f"sweep {url}: {len(todo)} of {len(listed)} points to run, {width} at a time")
+    _Pool(url, width, grace, tell).run(todo)
+    return sweep_status(url)
+
+
+class _Pool:
+    """The point processes of a local sweep, and the stop that reaches them all."""
+
+    def __init__(self, url: str, width: int, grace: float | None, say: Say) -> None:
+        self.url, self.width, self.grace, self.say = url, width, grace, say
+        self.running: dict[int, subprocess.Popen[bytes]] = {}
+        self.stopping = ""
+        self.lock = threading.Lock()
+        self.relays: list[threading.Thread] = []
+
+    def _start(self, i: int) -> None:
+        argv = [sys.executable, "-m", "spotbook", "resume", point_url(self.url, i)]
+        argv += ["--no-progress-bar", "--log-level", "WARNING"]
+        if self.grace is not None:
+            argv += ["--grace", str(self.grace)]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.running[i] = proc
+        relay = threading.Thread(target=self._relay, args=(i, proc), daemon=True)
+        relay.start()
+        self.relays.append(relay)
+        self.say(f"point {i}: started (pid {proc.pid})")
+
+    def _relay(self, i: int, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        with proc.stderr:
+            for line in proc.stderr:
+                text = line.decode(errors="replace").rstrip()
+                if text:
+                    with self.lock:
+                        sys.stderr.write(f"[point {i}] {text}\n")
+                        sys.stderr.flush()
+
+    def _stop(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if not self.stopping:
+            self.say(f"{name}: stopping every point (each saves its progress)")
+        self.stopping = name
+        for proc in list(self.running.values()):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+
+    def run(self, todo: list[int]) -> None:
+        queue = list(todo)
+        previous = {}
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._stop)
+        try:
+            while queue or self.running:
+                while queue and len(self.running) < self.width and not self.stopping:
+                    self._start(queue.pop(0))
+                for i, proc in list(self.running.items()):
+                    code = proc.poll()
+                    if code is not None:
+                        del self.running[i]
+                        self.say(f"point {i}: exit {code}")
+                if self.stopping and not self.running:
+                    break
+                if self.running:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        next(iter(self.running.values())).wait(timeout=0.2)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for relay in self.relays:  # every line of the points' output said
+                relay.join(timeout=5.0)
+
+
+def sweep(
+    notebook: Any,
+    run_dir: str,
+    grid: Mapping[str, Any] | None = None,
+    *,
+    rows: Sequence[Mapping[str, Any]] = (),
+    output: str | None = None,
+    parallel: int | None = None,
+    kernel_name: str | None = None,
+    limits: Limits | None = None,
+    snapshot: SnapshotPolicy | None = None,
+    strict_resume: bool = False,
+    restart: bool = False,
+    say: Say | None = None,
+) -> SweepTable:
+    """Run ``notebook`` at every point of ``grid`` (lists are swept, see
+    ``notebook.grid``) and ``rows``, ``parallel`` at a time, each point a run in
+    ``run_dir/points/<i>``; the table of every point. Running it again with the same
+    grid continues the sweep."""
+    from ..notebook.grid import expand
+
+    points = expand(grid or {}, rows)
+    prepare_sweep(
+        notebook,
+        run_dir,
+        points,
+        output=output,
+        kernel_name=kernel_name,
+        limits=limits,
+        snapshot=snapshot,
+        strict_resume=strict_resume,
+        restart=restart,
+    )
+    return run_points(run_dir, parallel=parallel, say=say)
+
+
+def resume_sweep(url: str, *, parallel: int | None = None, say: Say | None = None) -> SweepTable:
+    """Continue every unfinished point of a sweep (each resumed after its last saved
+    cell, with its kernel's state); finished and failed points are left as they are."""
+    return run_points(url, parallel=parallel, say=say)
+
+
+def submit_sweep(
+    notebook: Any,
+    job: JobOptions,
+    points: Sequence[Mapping[str, Any]],
+    *,
+    output: str | None = None,
+    kernel_name: str | None = None,
+    language: str | None = None,
+    report_mode: bool = False,
+    limits: Limits | None = None,
+    snapshot: SnapshotPolicy | None = None,
+    strict_resume: bool = False,
+    restart: bool = False,
+    parallelism: int | None = None,
+    max_failed_points: int | None = None,
+    context: str | None = None,
+    namespace: str | None = None,
+) -> Submitted:
+    """Freeze every point into ``job.run_dir/points/<i>`` (a bucket URL), sealed with the
+    cluster's run key, and create one Indexed Job: pod ``i`` runs point ``i``, a
+    preempted pod is replaced for its point alone, and a failing point fails only itself
+    (``--max-failed-points`` of them stop the Job; default: none do)."""
+    import dataclasses
+
+    from ..kube.jobs import JOB_RECORD
+    from ..kube.manifest import DEFAULT_KEY_SECRET, build_job
+    from ..store.integrity import load_key
+    from .runs import cluster_for
+    from .submit import check_locations
+
+    check_locations(job.run_dir, output)
+    limits = limits or Limits()
+    with cluster_for(context, namespace) as cluster:
+        job = dataclasses.replace(
+            job,
+            run_id="check",
+            namespace=cluster.namespace,
+            grace=limits.grace,
+            source=notebook if isinstance(notebook, str) else "-",
+            key_secret=job.key_secret or DEFAULT_KEY_SECRET,
+            points=len(points),
+            parallelism=parallelism,
+            max_failed_points=max_failed_points,
+        )  # checked here, before anything is written
+        assert job.key_secret is not None
+        key = cluster.run_key(job.key_secret, load_key())
+        sweep_id = prepare_sweep(
+            notebook,
+            job.run_dir,
+            points,
+            output=output,
+            kernel_name=kernel_name,
+            language=language,
+            report_mode=report_mode,
+            limits=limits,
+            snapshot=snapshot,
+            strict_resume=strict_resume,
+            restart=restart,
+            key=key,
+            here=False,
+        )
+        manifest = build_job(dataclasses.replace(job, run_id=sweep_id))
+        name = manifest["metadata"]["name"]
+        RunStore(job.run_dir).write_json(
+            JOB_RECORD,
+            {
+                "context": cluster.context_name,
+                "server": cluster.server,
+                "namespace": cluster.namespace,
+                "job": name,
+                "provider": job.provider,
+                "image": job.image,
+                "gpu_count": job.gpu_count,
+                "points": len(points),
+                "submitted": time.time(),
+            },
+        )
+        cluster.create_job(manifest)
+    return Submitted(
+        run_id=sweep_id,
+        url=job.run_dir,
+        job=name,
+        namespace=cluster.namespace,
+        context=cluster.context_name,
+        manifest=manifest,
+    )
+
+
+def write_results(table: SweepTable, path: str) -> str:
+    """The results table to ``path``: CSV, or Parquet (``.parquet``, with pandas); JSON
+    lines for ``.jsonl``. Returns the format written."""
+    rows = table.records()
+    if path.endswith(".parquet"):
+        try:
+            import pandas as pd  # type: ignore[import-untyped]
+        except ImportError as exc:
+            raise UsageError("writing Parquet needs pandas (and pyarrow); or give a .csv") from exc
+        pd.DataFrame(rows).to_parquet(path)
+        return "parquet"
+    if path.endswith(".jsonl"):
+        with open(path, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        return "jsonl"
+    import csv
+
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        columns = list(rows[0]) if rows else ["point"]
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(v) for k, v in row.items()})
+    return "csv"
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, dict | list) else value
