@@ -344,3 +344,27 @@ def test_a_submitted_sweep_replaces_a_preempted_index_and_fails_one_point(
     assert table.rows[2].results["acc"] == expected_acc(0.1, 2)
     shown = cli("sweep", "status", rd, cwd=tmp_path)
     assert "4 points: 2 failed, 2 succeeded" in shown.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_point_with_exit_75(tmp_path: Path) -> None:
+    """SIGINT to the sweep process alone (as `kill -INT` would send it): it stops every
+    point it started, each saving its progress, starts no more, and exits 75."""
+    write_sweep_notebook(tmp_path / "sweep.ipynb")
+    url = tmp_path / "sw"
+    proc = start_cli(
+        "sweep", "sweep.ipynb", "--run-dir", "sw", "-p", "seed", "1,2,3,4", "--parallel", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    wait_for(
+        lambda: sum(len(RunStore(f"{url}/points/{i}").cell_records()) for i in (0, 1)) >= 4,
+        timeout=120,
+        what="4 cells",
+    )
+    code, err = kill(proc, signal.SIGINT)
+    assert code == 75, err
+    assert "SIGINT: stopping every point" in err
+    table = spotbook.sweep_status(str(url))
+    statuses = [r.status for r in table.rows]
+    assert "running" not in statuses and statuses[2:] == ["pending", "pending"], statuses
+    assert table.exit_code() == 75
