@@ -206,6 +206,12 @@ def test_a_killed_sweep_resumes_every_point_to_the_same_results(
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [x["steps"] for x in lines] == [[0, 1, 2, 3]] * 12
+    import pandas as pd
+
+    assert cli("sweep", "results", "sw", "-o", "r.parquet", cwd=tmp_path).returncode == 0
+    frame = pd.read_parquet(tmp_path / "r.parquet")
+    assert list(frame["acc"]) == [r.results["acc"] for r in reference.rows]
+    assert list(frame.columns[:4]) == ["point", "lr", "seed", "status"]
 
 
 @pytest.mark.slow

@@ -512,9 +512,14 @@ def write_results(table: SweepTable, path: str) -> str:
     if path.endswith(".parquet"):
         try:
             import pandas as pd  # type: ignore[import-untyped]
+
+            frame = pd.DataFrame(rows)
+            frame.to_parquet(path)
         except ImportError as exc:
-            raise UsageError("writing Parquet needs pandas (and pyarrow); or give a .csv") from exc
-        pd.DataFrame(rows).to_parquet(path)
+            raise UsageError(
+                f"writing Parquet needs pandas and pyarrow ({exc}); pip install pandas "
+                "pyarrow, or give a .csv or .jsonl file"
+            ) from exc
         return "parquet"
     if path.endswith(".jsonl"):
         with open(path, "w", encoding="utf-8") as fh:
