@@ -86,6 +86,7 @@ class AttemptRecord(TypedDict, total=False):
     node: str
     image: str
     gpus: list[dict[str, str]]
+    machine: dict[str, str]  # provider, machine_type, region, zone, capacity (spot|on-demand)
     frameworks: dict[str, Any]
     # when, and from where
     started: float
@@ -128,6 +129,7 @@ STATUS_ATTEMPT_FIELDS = (
     "node",
     "image",
     "gpus",
+    "machine",
     "frameworks",
     "started",
     "ended",

@@ -76,6 +76,8 @@ class RunReport(TypedDict):
     preemptions: int
     downtime: dict[str, Any]  # what each preemption cost, and the totals (``downtime``)
     cluster: NotRequired[dict[str, Any]]  # the Job and its pods (``kube.jobs.job_view``)
+    # the run was moved to on-demand nodes: when and why (``ops.fallback``)
+    fallback: NotRequired[dict[str, Any]]
 
 
 def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
@@ -126,6 +128,8 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
     )
     if view:
         doc["cluster"] = view
+    if job.get("fallback"):
+        doc["fallback"] = job["fallback"]
     if failing is not None:
         doc["failing_cell"] = {
             "index": failing["index"],

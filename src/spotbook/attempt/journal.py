@@ -27,7 +27,7 @@ from .._models import (
 )
 from ..notebook import document as nbs
 from ..store.runstore import CellKey, RunStore
-from .environment import nvidia_gpus, where
+from .environment import machine, nvidia_gpus, where
 from .executor import CellResult, KernelSession
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,9 @@ class Journal:
         gpus = nvidia_gpus()
         if gpus is not None:
             self.attempt_rec["gpus"] = gpus
+        found = machine()
+        if found:
+            self.attempt_rec["machine"] = found
         self.attempt = self.store.claim_attempt(self.attempt_rec)
         self.attempt_rec["attempt"] = self.attempt
         removed = self.store.remove_partials()  # what a killed writer left half-made

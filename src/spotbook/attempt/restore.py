@@ -72,6 +72,7 @@ class Restorer:
                 report.restored(doc, failed, {**env_failed, **loaded["process_failed"]})
                 journal.attempt_rec["restored_bytes"] = loaded["bytes"]
                 journal.attempt_rec["load_seconds"] = round(loaded["seconds"], 4)
+                snaps.seed(doc)
             plan = plan_resume(
                 start=start,
                 executable=[nbs.executable(c) for c in run.nb.cells],
@@ -129,6 +130,9 @@ class Restorer:
             with contextlib.suppress(RuntimeError):
                 await session.evaluate(f"{KERNEL_MODULE}.set_execution_count({last_count + 1})")
         redone = sum(float(records.get(i, {}).get("duration") or 0.0) for i in plan.replay)
+        # what was replayed is at stake again until the next snapshot: a kill now would
+        # make the next attempt replay it once more
+        snaps.compute_since = redone
         journal.note(
             restored_snapshot=doc["name"] if doc else None,
             unrestored=sorted(failed),

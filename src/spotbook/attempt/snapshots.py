@@ -46,6 +46,16 @@ class Snapshots:
         self._uploaded: set[str] = set()  # object stores: blobs known to be in the store
         self.usable: dict[str, Any] | None = None  # checked before the kernel starts
 
+    def seed(self, doc: dict[str, Any]) -> None:
+        """Take the restored snapshot's measured cost as the policy's first estimate, so a
+        resumed attempt does not wait as long as a new run for its first snapshot."""
+        seconds = float(doc.get("kernel_seconds") or 0.0)
+        size = int(doc.get("state_bytes") or 0)
+        if seconds > 0:
+            self.cost = seconds
+            if size > 1 << 20:
+                self._rate = max(size / seconds, 1e6)
+
     def off(self, reason: str) -> None:
         self.enabled = False
         log.warning(
@@ -134,6 +144,7 @@ class Snapshots:
             "bytes_written": manifest["written"],
             "kernel_seconds": manifest["seconds"],
             "capture_seconds": manifest["capture_seconds"],
+            "state_bytes": manifest["state_bytes"],
         }
         journal.fence()
         run.store.write_snapshot(CellKey(index, journal.attempt), doc)

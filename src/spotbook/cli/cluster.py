@@ -12,6 +12,7 @@ from typing import Any
 from .._errors import UsageError
 from .._models import SnapshotPolicy
 from ..kube.manifest import JobOptions
+from ..ops.fallback import FallbackPolicy
 from ..ops.runs import cancel_run, cluster_for, job_record, open_run, recover_run
 from .run import _check_engine, _limits, _parameters, _stdin_notebook
 
@@ -68,6 +69,42 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     )
 
 
+def fallback_policy(args: argparse.Namespace) -> FallbackPolicy:
+    from ..kube.manifest import parse_duration
+
+    pending = args.fallback_after_pending
+    policy = FallbackPolicy(
+        after_preemptions=args.fallback_after_preemptions,
+        after_pending=None
+        if pending is None
+        else float(parse_duration(pending, "--fallback-after-pending")),
+    )
+    if policy.active and not args.spot:
+        raise UsageError(
+            "--fallback-after-* moves a spot run to on-demand nodes; this run is --on-demand"
+        )
+    return policy
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    from ..ops.submit import Submitted, wait_for_job
+
+    store = open_run(args.run, context=args.context, namespace=args.namespace)
+    record = job_record(store)
+    run_id = store.require_run()["spec"]["run_id"] if store.exists("run.json") else ""
+    submitted = Submitted(
+        run_id=run_id or str((record.get("options") or {}).get("run_id") or ""),
+        url=store.url,
+        job=str(record.get("job") or ""),
+        namespace=str(record.get("namespace") or ""),
+        context=args.context or str(record.get("context") or ""),
+        manifest={},
+    )
+    return wait_for_job(
+        submitted, say=lambda line: print(f"spotbook: {line}", file=sys.stderr, flush=True)
+    )
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     from ..ops.submit import (
         check_locations,
@@ -108,6 +145,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         strict_resume=args.strict_resume,
         context=args.context,
         namespace=args.namespace,
+        fallback=fallback_policy(args),
     )
     url = submitted.url
     print(

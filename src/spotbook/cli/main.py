@@ -32,8 +32,9 @@ from .._models import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from .cluster import _cmd_cancel, _cmd_logs, _cmd_recover, _cmd_submit
+from .cluster import _cmd_cancel, _cmd_logs, _cmd_recover, _cmd_submit, _cmd_wait
 from .drill import _cmd_drill
+from .economics import _cmd_chaos, _cmd_cost, _cmd_simulate
 from .parser import SWEEP_VERBS, build_parser
 from .plans import _cmd_cluster_plan
 from .run import _cmd_inspect, _cmd_resume, _cmd_run, _cmd_worker
@@ -75,9 +76,13 @@ COMMANDS = {
     "worker": _cmd_worker,
     "submit": _cmd_submit,
     "logs": _cmd_logs,
+    "wait": _cmd_wait,
     "cancel": _cmd_cancel,
     "recover": _cmd_recover,
     "drill": _cmd_drill,
+    "cost": _cmd_cost,
+    "simulate": _cmd_simulate,
+    "chaos": _cmd_chaos,
     "sweep": _cmd_sweep,
     "sweep-resume": _cmd_sweep_resume,
     "sweep-status": _cmd_sweep_status,

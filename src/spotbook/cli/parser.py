@@ -235,6 +235,18 @@ def _add_submit_flags(p: argparse.ArgumentParser, image_required: bool = True) -
         metavar="N",
         help="infrastructure failures to retry (preemptions are not counted)",
     )
+    k.add_argument(
+        "--fallback-after-preemptions",
+        type=int,
+        metavar="N",
+        help="after N preemptions, run the next attempt on on-demand nodes (applied by "
+        "--wait or `spotbook wait RUN`)",
+    )
+    k.add_argument(
+        "--fallback-after-pending",
+        metavar="DURATION",
+        help="when a pod waits this long for a spot node (e.g. 15m), fall back to on-demand",
+    )
     k.add_argument("--dry-run", action="store_true", help="print the manifest, submit nothing")
     k.add_argument("-o", "--output-format", choices=["yaml", "json"], default="yaml")
     k.add_argument(
@@ -370,6 +382,85 @@ def _add_sweep_parsers(sub: Any) -> None:
     )
 
 
+def _add_economics_parsers(sub: Any) -> None:
+    co = sub.add_parser(
+        "cost",
+        help="what a run or sweep cost: node- and GPU-hours, preemption overhead, money",
+        description="Per attempt: node-hours, GPU-hours, compute lost and redone to "
+        "preemptions, time waiting for a node, and money at the attempt's capacity (spot or "
+        "on demand) and at both, from spotbook's dated price table (--prices FILE for "
+        "yours). What cannot be priced is named, never guessed.",
+    )
+    co.add_argument("run", metavar="RUN", help="run id, run store URL, or a sweep's URL")
+    co.add_argument("--json", action="store_true")
+    co.add_argument(
+        "--prices", metavar="FILE", help="a price table (spotbook/data/prices.json's layout)"
+    )
+    co.add_argument(
+        "--provider", choices=["gke", "eks", "aks"], help="for attempts that did not record it"
+    )
+    co.add_argument("--region", metavar="REGION", help="for attempts that did not record it")
+    co.add_argument("--machine-type", metavar="TYPE", help="for attempts that did not record it")
+    co.add_argument(
+        "--capacity", choices=["spot", "on-demand"], help="for attempts that did not record it"
+    )
+    _add_cluster_flags(co)
+    si = sub.add_parser(
+        "simulate",
+        help="a long run under preemption, from a real run's profile: cost and finish per strategy",
+        description="Take a finished run's cell durations, snapshot cost, kernel start and "
+        "restore, tile them to --duration, and simulate preemptions at --hazard (per "
+        "node-hour) or at the times in --trace: expected cost ratio (billed node time over "
+        "an uninterrupted run's) and finish time for spotbook's resume (its auto policy, and "
+        "the Young/Daly snapshot interval, checked against the simulation) and for "
+        "restarting from scratch.",
+    )
+    si.add_argument("--from", dest="run", required=True, metavar="RUN", help="a finished run")
+    si.add_argument("--duration", metavar="DURATION", help="tile the profile to this long, e.g. 3h")
+    si.add_argument(
+        "--hazard", default="1/h", metavar="RATE", help="preemptions per node-hour (1, 1/h, 12/d)"
+    )
+    si.add_argument("--trace", metavar="FILE", help="preemption times in node seconds, instead")
+    si.add_argument(
+        "--delay", type=float, default=60.0, metavar="S", help="to a new node (default 60)"
+    )
+    si.add_argument(
+        "--interval", type=float, metavar="S", help="also simulate this snapshot interval"
+    )
+    si.add_argument("--trials", type=int, default=2000)
+    si.add_argument("--seed", type=int, default=0)
+    si.add_argument("--json", action="store_true")
+    ch = sub.add_parser(
+        "chaos",
+        help="run a notebook here while preempting it on purpose; resume vs restart, measured",
+        description="Run the notebook uninterrupted, then with preemptions injected at "
+        "--hazard or at the --trace times (node time), SIGKILL (no notice) or SIGTERM (a "
+        "notice), waiting --delay for a new node after each: once resuming (spotbook), once "
+        "restarting from scratch. Prints billed time, finish time and cost ratio per "
+        "strategy beside the simulator's prediction for the same profile and times.",
+    )
+    ch.add_argument("input", metavar="NOTEBOOK")
+    ch.add_argument("--work", default=".spotbook/chaos", metavar="DIR", help="run stores go here")
+    ch.add_argument("--hazard", metavar="RATE", help="preemptions per node-hour (1, 60/h, 2/m)")
+    ch.add_argument("--trace", metavar="FILE", help="preemption times in node seconds")
+    ch.add_argument(
+        "--delay", type=float, default=5.0, metavar="S", help="to a new node (default 5)"
+    )
+    ch.add_argument("--signal", choices=["SIGKILL", "SIGTERM"], default="SIGKILL")
+    ch.add_argument("--strategy", action="append", choices=["resume", "restart"])
+    ch.add_argument("--seed", type=int, default=0)
+    ch.add_argument("--json", action="store_true")
+    ch.add_argument(
+        "-p", "--parameters", nargs=2, action="append", default=[], metavar=("NAME", "VALUE")
+    )
+    ch.add_argument(
+        "-r", "--parameters_raw", nargs=2, action="append", default=[], metavar=("NAME", "VALUE")
+    )
+    ch.add_argument("-y", "--parameters_yaml", action="append", default=[], metavar="YAML")
+    ch.add_argument("-f", "--parameters_file", action="append", default=[], metavar="FILE")
+    _add_common(ch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spotbook",
@@ -416,6 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_submit_flags(sb)
     st = sub.choices["status"]
     _add_cluster_flags(st)
+    wt = sub.add_parser(
+        "wait",
+        help="follow a submitted run until it ends (applying its fallback policy); exit "
+        "with the run's code",
+    )
+    wt.add_argument("run", metavar="RUN", help="run id or run store URL")
+    _add_cluster_flags(wt)
     lg = sub.add_parser("logs", help="the output of a submitted run's pod (kubectl logs)")
     lg.add_argument("run", metavar="RUN", help="run id or run store URL")
     lg.add_argument("-f", "--follow", action="store_true", help="keep streaming")
@@ -468,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
         pp.add_argument("verb", choices=verbs, help="plan: print the commands; up/down: run them")
         _add_plan_flags(pp, provider)
     _add_sweep_parsers(sub)
+    _add_economics_parsers(sub)
     runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
     runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
     runs.add_argument("-A", "--all-namespaces", action="store_true")

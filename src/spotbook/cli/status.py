@@ -52,6 +52,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
         for v in cluster["pods"]:
             print(f"  {describe_pod(v)}")
+    if doc.get("fallback"):
+        fb = doc["fallback"]
+        print(f"capacity on-demand since {_when(fb.get('at'))}: {fb.get('reason')}")
     print(f"attempts {len(doc['attempts'])}, preemptions {doc['preemptions']}")
     _print_downtime(doc["downtime"])
     for a in doc["attempts"]:
@@ -122,6 +125,10 @@ def _attempt_details(a: AttemptRecord) -> list[str]:
     out = []
     if a.get("image"):
         out.append(f"image {a['image']}")
+    m = a.get("machine") or {}
+    if m:
+        where = " ".join(str(m[k]) for k in ("provider", "machine_type", "zone") if m.get(k))
+        out.append(f"machine {where or 'unknown'} ({m.get('capacity', 'capacity unknown')})")
     gpus = a.get("gpus")
     if gpus:
         names = ", ".join(f"{g.get('name')} ({g.get('memory.total')} MiB)" for g in gpus)

@@ -373,6 +373,10 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
     ]
     if opts.points is not None:
         env.insert(1, {"name": SWEEP_ENV, "value": "1"})
+    # where each attempt runs, recorded for `spotbook cost` (machine type and region
+    # come from the node's metadata server)
+    env.append({"name": "SPOTBOOK_PROVIDER", "value": opts.provider})
+    env.append({"name": "SPOTBOOK_CAPACITY", "value": "spot" if opts.spot else "on-demand"})
     if opts.key_secret:
         key_file = f"{KEY_MOUNT}/{KEY_SECRET_ITEM}"
         env.append({"name": "SPOTBOOK_SNAPSHOT_KEY_FILE", "value": key_file})

@@ -19,6 +19,7 @@ from .._models import Limits, SnapshotPolicy
 from ..kube.jobs import JOB_RECORD
 from ..kube.manifest import DEFAULT_KEY_SECRET, JobOptions, build_job, secret_looking
 from ..store.runstore import RunStore, is_url
+from .fallback import FallbackPolicy, fall_back, options_to_json
 from .runs import cluster_for
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ def submit_notebook(
     strict_resume: bool = False,
     context: str | None = None,
     namespace: str | None = None,
+    fallback: FallbackPolicy | None = None,
 ) -> Submitted:
     """Freeze ``notebook`` into the run store ``job.run_dir`` (a bucket URL) and create
     its Job in ``namespace`` (default: the context's). ``job`` says what the pod gets
@@ -148,21 +150,10 @@ def submit_notebook(
             here=False,
         )
         run_id = store.require_run()["spec"]["run_id"]
-        manifest = build_job(dataclasses.replace(job, run_id=run_id))
+        job = dataclasses.replace(job, run_id=run_id)
+        manifest = build_job(job)
         name = manifest["metadata"]["name"]
-        store.write_json(
-            JOB_RECORD,
-            {
-                "context": cluster.context_name,
-                "server": cluster.server,
-                "namespace": cluster.namespace,
-                "job": name,
-                "provider": job.provider,
-                "image": job.image,
-                "gpu_count": job.gpu_count,
-                "submitted": time.time(),
-            },
-        )
+        store.write_json(JOB_RECORD, job_record(cluster, job, name, fallback))
         cluster.create_job(manifest)
     return Submitted(
         run_id=run_id,
@@ -172,6 +163,26 @@ def submit_notebook(
         context=cluster.context_name,
         manifest=manifest,
     )
+
+
+def job_record(
+    cluster: Cluster, job: JobOptions, name: str, fallback: FallbackPolicy | None
+) -> dict[str, Any]:
+    """What the run store keeps about its Job: where it is, what it asked for (to make
+    it again on on-demand nodes), and the fallback policy."""
+    return {
+        "context": cluster.context_name,
+        "server": cluster.server,
+        "namespace": cluster.namespace,
+        "job": name,
+        "provider": job.provider,
+        "image": job.image,
+        "gpu_count": job.gpu_count,
+        "points": job.points,
+        "submitted": time.time(),
+        "options": options_to_json(job),
+        "fallback_policy": dataclasses.asdict(fallback or FallbackPolicy()),
+    }
 
 
 def wait_for_job(
@@ -188,16 +199,28 @@ def wait_for_job(
     tell = say or log.info
     client = cluster or cluster_for(submitted.context, submitted.namespace)
     run_id = submitted.run_id
+    store = RunStore(submitted.url)
+    record = store.read_json(JOB_RECORD) or {}
+    policy = FallbackPolicy(**(record.get("fallback_policy") or {}))
+    done = bool(record.get("fallback"))
+
+    def view() -> dict[str, Any]:
+        nonlocal done
+        current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
+        why = None if done or not policy.active else policy.reason(current, time.time())
+        if why is not None and current.get("state") not in ("succeeded", "failed", "gone"):
+            done = True
+            tell(f"falling back to on-demand nodes: {why}")
+            name = fall_back(client, store, why)
+            tell(f"Job {name} recreated on on-demand nodes; the run resumes there")
+            current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
+        return current
+
     try:
-        code = follow(
-            lambda: job_view(client.get_job(run_id), client.pods(run_id), client.node_ready),
-            lambda: client.watch_job(run_id),
-            tell,
-        )
+        code = follow(view, lambda: client.watch_job(run_id), tell)
     finally:
         if cluster is None:
             client.close()
-    store = RunStore(submitted.url)
     if store.exists("run.json"):
         doc = describe(store)
         tell(f"run {run_id} {doc['status']}: {doc['cells_done']}/{doc['cells_total']} cells")

@@ -445,7 +445,7 @@ def submit_sweep(
     from ..kube.manifest import DEFAULT_KEY_SECRET, build_job
     from ..store.integrity import load_key
     from .runs import cluster_for
-    from .submit import check_locations
+    from .submit import check_locations, job_record
 
     check_locations(job.run_dir, output)
     limits = limits or Limits()
@@ -478,22 +478,10 @@ def submit_sweep(
             key=key,
             here=False,
         )
-        manifest = build_job(dataclasses.replace(job, run_id=sweep_id))
+        job = dataclasses.replace(job, run_id=sweep_id)
+        manifest = build_job(job)
         name = manifest["metadata"]["name"]
-        RunStore(job.run_dir).write_json(
-            JOB_RECORD,
-            {
-                "context": cluster.context_name,
-                "server": cluster.server,
-                "namespace": cluster.namespace,
-                "job": name,
-                "provider": job.provider,
-                "image": job.image,
-                "gpu_count": job.gpu_count,
-                "points": len(points),
-                "submitted": time.time(),
-            },
-        )
+        RunStore(job.run_dir).write_json(JOB_RECORD, job_record(cluster, job, name, None))
         cluster.create_job(manifest)
     return Submitted(
         run_id=sweep_id,

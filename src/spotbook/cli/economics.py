@@ -1,0 +1,279 @@
+"""spotbook cost / simulate / chaos: what runs cost, and what preemptions add."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .._errors import UsageError
+from ..economics.cost import CostReport, Machine, run_cost
+from ..economics.prices import load_prices
+from ..ops.runs import open_run
+from ..store.runstore import RunStore, resolve_run
+
+
+def _say(line: str) -> None:
+    print(f"spotbook: {line}", file=sys.stderr, flush=True)
+
+
+def _cmd_cost(args: argparse.Namespace) -> int:
+    prices = load_prices(args.prices)
+    given = Machine(args.provider, args.region, args.machine_type, args.capacity)
+    root = RunStore(resolve_run(args.run))
+    if root.exists("sweep.json"):
+        from ..ops.sweep import open_sweep, point_url
+
+        url, points = open_sweep(args.run)
+        reports = [
+            run_cost(RunStore(point_url(url, int(p["index"]))), prices, given) for p in points
+        ]
+    else:
+        reports = [
+            run_cost(
+                open_run(args.run, context=args.context, namespace=args.namespace), prices, given
+            )
+        ]
+    if args.json:
+        doc: dict[str, Any] = (
+            reports[0].to_json()
+            if len(reports) == 1 and not root.exists("sweep.json")
+            else {"points": [r.to_json() for r in reports], "totals": _sum(reports)}
+        )
+        print(json.dumps(doc, indent=2))
+        return 0
+    for r in reports:
+        _show(r)
+    if len(reports) > 1 or root.exists("sweep.json"):
+        t = _sum(reports)
+        print(
+            f"sweep    {len(reports)} points: {t['node_hours']:.4f} node-hours, "
+            f"{t['gpu_hours']:.4f} GPU-hours, cost {_money(t['cost'], reports[0].currency)}"
+        )
+    return 0
+
+
+def _sum(reports: list[CostReport]) -> dict[str, Any]:
+    totals = [r.totals() for r in reports]
+    out: dict[str, Any] = {}
+    for key in totals[0] if totals else []:
+        values = [t[key] for t in totals]
+        out[key] = None if any(v is None for v in values) else round(sum(values), 6)
+    return out
+
+
+def _money(value: float | None, currency: str) -> str:
+    return "unknown" if value is None else f"{value:.4f} {currency}"
+
+
+def _show(r: CostReport) -> None:
+    t = r.totals()
+    print(f"run      {r.run_id}  ({r.url})")
+    print(f"prices   {r.prices_source}, {r.prices_date}")
+    for a in r.attempts:
+        m = a.machine
+        where = (
+            " ".join(x for x in (m.provider, m.machine_type, m.region) if x) or "unknown machine"
+        )
+        print(
+            f"  #{a.attempt} {a.outcome:<10} {a.node_seconds / 3600:.4f} h on {where} "
+            f"({m.capacity or 'spot?'}), {a.gpus} GPU: {_money(a.cost, r.currency)}"
+            + (
+                f"; lost {a.lost_seconds:.1f} s, restart {a.restart_seconds:.1f} s, "
+                f"redone {a.redone_seconds:.1f} s, waited {a.waiting_seconds:.1f} s for a node"
+                if a.lost_seconds or a.restart_seconds or a.redone_seconds or a.waiting_seconds
+                else ""
+            )
+        )
+    print(
+        f"total    {t['node_hours']:.4f} node-hours, {t['gpu_hours']:.4f} GPU-hours, "
+        f"{t['overhead_hours'] * 3600:.1f} s lost or redone to preemptions, "
+        f"{t['waiting_hours'] * 3600:.1f} s waiting for nodes"
+    )
+    print(
+        f"cost     {_money(t['cost'], r.currency)} as run; all spot "
+        f"{_money(t['cost_all_spot'], r.currency)}, all on demand "
+        f"{_money(t['cost_all_on_demand'], r.currency)}; preemptions added "
+        f"{_money(t['preemptions_added'], r.currency)}"
+    )
+    for line in r.unknown:
+        print(f"unknown  {line}")
+
+
+def _duration(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from ..kube.manifest import parse_duration
+
+    return float(parse_duration(text, "--duration"))
+
+
+def _rate(text: str) -> float:
+    """A hazard rate: '1' or '1/h' per hour, '30/d' per day, '2/m' per minute."""
+    value, _, unit = text.partition("/")
+    per = {"": 1.0, "h": 1.0, "d": 1 / 24, "m": 60.0, "s": 3600.0}.get(unit.strip())
+    try:
+        rate = float(value) * (per if per is not None else float("nan"))
+    except ValueError:
+        rate = float("nan")
+    if not rate >= 0:
+        raise UsageError(f"--hazard {text!r}: give preemptions per hour, e.g. 1, 1/h, 12/d, 2/m")
+    return rate
+
+
+def _trace(path: str | None) -> list[float] | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            words = fh.read().replace(",", " ").split()
+        return sorted(float(w) for w in words)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--trace {path}: a file of preemption times in seconds ({exc})") from exc
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from ..economics.simulate import (
+        HOUR,
+        auto_interval,
+        best_interval,
+        profile_from_run,
+        simulate,
+        young_daly,
+    )
+
+    profile = profile_from_run(open_run(args.run))
+    duration = _duration(args.duration)
+    if duration is not None:
+        profile = profile.tiled(duration)
+    hazard = _rate(args.hazard)
+    trace = _trace(args.trace)
+    mtbf = HOUR / hazard if hazard else float("inf")
+    optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard else None
+    rows = [
+        ("resume, auto policy", "resume", auto_interval(profile)),
+        ("resume, Young/Daly interval", "resume", optimal),
+        ("restart from scratch", "restart", None),
+    ]
+    if args.interval is not None:
+        rows.insert(2, (f"resume, every {args.interval:g} s", "resume", args.interval))
+    common = {
+        "hazard_per_hour": hazard,
+        "delay": args.delay,
+        "trials": args.trials,
+        "seed": args.seed,
+        "trace": trace,
+    }
+    first = {"resume, auto policy": profile.first_snapshot_after}
+    results = [
+        (name, simulate(profile, s, interval=iv, first_interval=first.get(name), **common))
+        for name, s, iv in rows
+        if s == "restart" or iv is not None
+    ]
+    check = (
+        best_interval(
+            profile,
+            hazard_per_hour=hazard,
+            delay=args.delay,
+            trials=max(args.trials // 5, 50),
+            seed=args.seed,
+        )
+        if hazard
+        else None
+    )
+    doc = {
+        "profile": {
+            "source": profile.source,
+            "cells": len(profile.cells),
+            "compute_hours": round(profile.compute / HOUR, 4),
+            "snapshot_seconds": round(profile.snapshot_seconds, 4),
+            "start_seconds": round(profile.start_seconds, 3),
+            "restore_seconds": round(profile.restore_seconds, 3),
+        },
+        "hazard_per_hour": hazard,
+        "delay_seconds": args.delay,
+        "strategies": {
+            name: {
+                "interval_seconds": None if e.interval is None else round(e.interval, 3),
+                "cost_ratio": round(e.cost_ratio, 4),
+                "finish_hours": round(e.finish_seconds / HOUR, 4),
+                "finish_ratio": round(e.finish_ratio, 4),
+                "preemptions": round(e.preemptions, 3),
+                "cost_ratio_p10_p90": [round(e.spread["p10"], 4), round(e.spread["p90"], 4)],
+                "trials": e.trials,
+            }
+            for name, e in results
+        },
+        "snapshot_interval": check,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    p = doc["profile"]
+    print(
+        f"profile  {p['cells']} cells, {p['compute_hours']} h of compute; snapshot "
+        f"{p['snapshot_seconds']} s, start {p['start_seconds']} s, restore "
+        f"{p['restore_seconds']} s ({p['source']})"
+    )
+    print(f"hazard   {hazard:g} preemptions per node-hour; {args.delay:g} s to a new node")
+    print(f"{'strategy':<32} {'interval s':>10} {'cost ratio':>10} {'finish h':>9} {'preempt.':>8}")
+    for name, row in doc["strategies"].items():
+        iv = "-" if row["interval_seconds"] is None else f"{row['interval_seconds']:.1f}"
+        print(
+            f"{name:<32} {iv:>10} {row['cost_ratio']:>10.4f} {row['finish_hours']:>9.3f} "
+            f"{row['preemptions']:>8.2f}"
+        )
+    if check:
+        print(
+            f"interval Young/Daly {check['young_daly_seconds']:.1f} s (cost ratio "
+            f"{check['cost_at_young_daly']:.4f}); best simulated "
+            f"{check['best_simulated_seconds']:.1f} s ({check['cost_at_best']:.4f})"
+        )
+    return 0
+
+
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    from ..economics.chaos import chaos
+    from ..notebook.parameters import collect_parameters
+
+    params = collect_parameters(
+        yaml_strings=args.parameters_yaml,
+        files=args.parameters_file,
+        typed=[tuple(p) for p in args.parameters],
+        raw=[tuple(p) for p in args.parameters_raw],
+    )
+    report = chaos(
+        args.input,
+        args.work,
+        parameters=params,
+        hazard_per_hour=None if args.hazard is None else _rate(args.hazard),
+        trace=_trace(args.trace),
+        delay=args.delay,
+        signal=args.signal,
+        grace=args.grace,
+        seed=args.seed,
+        strategies=tuple(args.strategy or ("resume", "restart")),
+        say=_say,
+    )
+    doc = report.to_json()
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"baseline {doc['baseline_seconds']:.2f} s uninterrupted; {args.signal} at node time "
+        + ", ".join(f"{t:.1f}" for t in doc["preemption_times"])
+        + f" s; {args.delay:g} s to a new node"
+    )
+    print(
+        f"{'strategy':<10} {'billed s':>9} {'finish s':>9} {'preempt.':>8} "
+        f"{'cost ratio':>10} {'simulated':>10}"
+    )
+    for name, row in doc["strategies"].items():
+        sim = row["predicted_cost_ratio"]
+        print(
+            f"{name:<10} {row['billed_seconds']:>9.2f} {row['finish_seconds']:>9.2f} "
+            f"{row['preemptions']:>8} {row['cost_ratio']:>10.4f} "
+            + (f"{sim:>10.4f}" if sim is not None else f"{'-':>10}")
+        )
+    return 0

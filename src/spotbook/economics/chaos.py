@@ -1,0 +1,259 @@
+"""Preempt a real notebook on purpose, again and again (``spotbook chaos``).
+
+The notebook runs here as a user would run it, once uninterrupted (the baseline, and the
+profile the simulator needs), then once per strategy with preemptions injected at the
+times of a trace or drawn at a hazard rate (exponential, in node time): SIGTERM (a node's
+notice: the running cell may finish within ``--grace`` and progress is saved) or SIGKILL
+(no notice). After each preemption the run waits ``delay`` seconds, standing for the
+wait for a new node, then starts again: ``resume`` (spotbook) or ``restart`` (the Job
+controller alone: the run starts over, without snapshots). Billed time is the processes'
+wall time (a node is paid while it runs the attempt, not while one is awaited).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import random
+import signal as signals
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._errors import UsageError
+from ..store.runstore import RunStore
+from .simulate import HOUR, Estimate, Profile, profile_from_run, simulate
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+
+
+@dataclass
+class ChaosRun:
+    strategy: str
+    billed_seconds: float = 0.0
+    finish_seconds: float = 0.0
+    waiting_seconds: float = 0.0
+    preemptions: int = 0
+    attempts: int = 0
+    exit_code: int = 0
+
+
+@dataclass
+class ChaosReport:
+    baseline_seconds: float
+    profile: Profile
+    times: list[float]  # the preemption instants, in node time
+    delay: float
+    signal: str
+    runs: list[ChaosRun]
+    predicted: dict[str, Estimate] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "baseline_seconds": round(self.baseline_seconds, 3),
+            "preemption_times": [round(t, 3) for t in self.times],
+            "delay": self.delay,
+            "signal": self.signal,
+            "profile": {
+                "cells": len(self.profile.cells),
+                "compute_seconds": round(self.profile.compute, 3),
+                "snapshot_seconds": round(self.profile.snapshot_seconds, 4),
+                "start_seconds": round(self.profile.start_seconds, 3),
+                "restore_seconds": round(self.profile.restore_seconds, 3),
+            },
+            "strategies": {
+                r.strategy: {
+                    "billed_seconds": round(r.billed_seconds, 3),
+                    "finish_seconds": round(r.finish_seconds, 3),
+                    "waiting_seconds": round(r.waiting_seconds, 3),
+                    "preemptions": r.preemptions,
+                    "attempts": r.attempts,
+                    "cost_ratio": round(r.billed_seconds / self.baseline_seconds, 4),
+                    "finish_ratio": round(r.finish_seconds / self.baseline_seconds, 4),
+                    "predicted_cost_ratio": (
+                        round(self.predicted[r.strategy].cost_ratio, 4)
+                        if r.strategy in self.predicted
+                        else None
+                    ),
+                }
+                for r in self.runs
+            },
+        }
+
+
+def _spotbook(*args: str) -> list[str]:
+    return [sys.executable, "-m", "spotbook", *args]
+
+
+def _params(parameters: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for k, v in parameters.items():
+        out += ["-y", f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}"]
+    return out
+
+
+def chaos(
+    notebook: str,
+    work: str,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    hazard_per_hour: float | None = None,
+    trace: Sequence[float] | None = None,
+    delay: float = 5.0,
+    signal: str = "SIGKILL",
+    grace: float | None = None,
+    seed: int = 0,
+    strategies: Sequence[str] = ("resume", "restart"),
+    say: Say | None = None,
+) -> ChaosReport:
+    """Run ``notebook`` uninterrupted, then once per strategy under the same injected
+    preemptions; the report has measured and simulated cost ratios side by side."""
+    tell = say or log.info
+    if (hazard_per_hour is None) == (trace is None):
+        raise UsageError("chaos needs one of --hazard RATE or --trace FILE")
+    if signal not in ("SIGTERM", "SIGKILL"):
+        raise UsageError("--signal must be SIGTERM (a notice) or SIGKILL (none)")
+    for s in strategies:
+        if s not in ("resume", "restart"):
+            raise UsageError(f"unknown strategy {s!r}: resume or restart")
+    root = Path(work)
+    root.mkdir(parents=True, exist_ok=True)
+    extra = _params(parameters or {})
+    tell("baseline: the notebook uninterrupted")
+    t0 = time.monotonic()
+    base_dir = str(root / "baseline")
+    done = subprocess.run(
+        _spotbook("run", notebook, "--run-dir", base_dir, "--no-progress-bar", *extra),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    baseline = time.monotonic() - t0
+    if done.returncode != 0:
+        raise UsageError(f"the notebook fails without preemptions:\n{done.stderr[-2000:]}")
+    measured = profile_from_run(RunStore(base_dir))
+    # the process's own end is after the attempt's record closed: what the wall clock
+    # measured beyond the start and the cells (and snapshots) is the finish
+    snapshots = len(RunStore(base_dir).snapshot_keys()) * measured.snapshot_seconds
+    finish = baseline - measured.start_seconds - measured.compute - snapshots
+    profile = dataclasses.replace(measured, finish_seconds=max(finish, 0.0))
+    if trace is not None:
+        times = sorted(float(t) for t in trace)
+    else:
+        rng = random.Random(seed)
+        times, t = [], 0.0
+        assert hazard_per_hour is not None
+        while True:
+            t += rng.expovariate(hazard_per_hour / HOUR)
+            if t > 20 * baseline:
+                break
+            times.append(t)
+    runs = []
+    for strategy in strategies:
+        tell(f"{strategy}: preemptions at node time {', '.join(f'{x:.1f}' for x in times)} s")
+        runs.append(
+            _run_strategy(
+                strategy, notebook, root / strategy, extra, times, delay, signal, grace, tell
+            )
+        )
+    from .simulate import auto_interval
+
+    predicted = {
+        s: simulate(
+            profile,
+            s,
+            interval=auto_interval(profile) if s == "resume" else None,
+            first_interval=profile.first_snapshot_after if s == "resume" else None,
+            delay=delay,
+            trace=times,
+        )
+        for s in strategies
+    }
+    return ChaosReport(baseline, profile, times, delay, signal, runs, predicted)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it (its kernel starts a session of its
+    own, so a process group would miss it), as a lost node would."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with (
+                contextlib.suppress(OSError, IndexError, ValueError),
+                open(f"/proc/{entry}/stat") as fh,
+            ):
+                parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        grew = bool(more)
+        tree |= more
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signals.SIGKILL)
+
+
+def _run_strategy(
+    strategy: str,
+    notebook: str,
+    where: Path,
+    extra: list[str],
+    times: list[float],
+    delay: float,
+    signal: str,
+    grace: float | None,
+    say: Say,
+) -> ChaosRun:
+    out = ChaosRun(strategy)
+    pending = list(times)
+    run_dir = str(where)
+    snapshot = ["--snapshot", "off"] if strategy == "restart" else []
+    grace_flag = ["--grace", str(grace)] if grace is not None else []
+    first = True
+    while True:
+        if first or strategy == "restart":
+            argv = _spotbook("run", notebook, "--run-dir", run_dir, "--no-progress-bar")
+            argv += [*extra, *snapshot, *grace_flag] + ([] if first else ["--restart"])
+        else:
+            argv = _spotbook("resume", run_dir, "--no-progress-bar", *grace_flag)
+        first = False
+        t0 = time.monotonic()
+        with tempfile.TemporaryFile() as log_file:
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log_file)
+            out.attempts += 1
+            budget = pending[0] - out.billed_seconds if pending else None
+            try:
+                proc.wait(timeout=None if budget is None else max(budget, 0.0))
+            except subprocess.TimeoutExpired:
+                pending.pop(0)
+                if signal == "SIGKILL":  # the node is gone: the kernel goes with the runner
+                    _kill_tree(proc.pid)
+                else:  # the notice goes to the runner, which stops its kernel
+                    proc.send_signal(signals.SIGTERM)
+                proc.wait()
+                out.preemptions += 1
+            wall = time.monotonic() - t0
+            log_file.seek(0)
+            err = log_file.read().decode(errors="replace")
+        out.billed_seconds += wall
+        out.finish_seconds += wall
+        if proc.returncode == 0:
+            out.exit_code = 0
+            break
+        if proc.returncode not in (75, -9, -15, 137, 143):
+            out.exit_code = proc.returncode
+            say(f"{strategy}: attempt {out.attempts} failed (exit {proc.returncode}): {err[-500:]}")
+            break
+        say(f"{strategy}: preempted ({signal}) after {wall:.1f} s; a new node in {delay:g} s")
+        time.sleep(delay)  # stands for the wait for a replacement node
+        out.waiting_seconds += delay
+        out.finish_seconds += delay
+    return out
