@@ -3,7 +3,7 @@ calls, and against itself one point at a time, in one run.
 
 Every point is a real kernel. The table shows each way's wall time, its ratio to the
 papermill loop, and the kernels' own peak RSS (each kernel reports
-``ru_maxrss`` in its last cell; median and max over the points), beside the peak RSS
+``VmHWM`` in its last cell; median and max over the points), beside the peak RSS
 of the process the user started (papermill's is per call, the loop's largest).
 
     .venv/bin/python bench/bench_sweep.py [--points 32] [--parallel N]
@@ -51,8 +51,10 @@ NOTEBOOK = {
             "id": "rss",
             "metadata": {},
             "outputs": [],
-            "source": "import resource\n"
-            "print('KERNEL_RSS_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)",
+            # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a kernel's
+            # would start at its launcher's size
+            "source": "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')]\n"
+            "print('KERNEL_RSS_KIB', hwm[0].split()[1])",
         },
     ],
     "metadata": {

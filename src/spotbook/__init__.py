@@ -53,7 +53,15 @@ if TYPE_CHECKING:
     from .ops.plans import PlanRun, run_plan
     from .ops.runs import Cancelled, Recovered, cancel_run, recover_run, run_status
     from .ops.submit import Submitted, job_manifest, submit_notebook, wait_for_job
-    from .ops.sweep import PointRow, SweepTable, resume_sweep, submit_sweep, sweep, sweep_status
+    from .ops.sweep import (
+        PointOptions,
+        PointRow,
+        SweepTable,
+        resume_sweep,
+        submit_sweep,
+        sweep,
+        sweep_status,
+    )
 
 # The runner side (nbclient, jupyter_client) loads on first use: a kernel that imports
 # spotbook for preempted()/checkpoint_dir(), or for snapshots, must not pay for it
@@ -84,6 +92,7 @@ _LAZY = {
     "submit_sweep": ".ops.sweep",
     "SweepTable": ".ops.sweep",
     "PointRow": ".ops.sweep",
+    "PointOptions": ".ops.sweep",
 }
 
 
@@ -115,6 +124,7 @@ __all__ = [
     "Outcome",
     "ParameterError",
     "PlanRun",
+    "PointOptions",
     "PointRow",
     "PreemptionBudgetError",
     "Recovered",

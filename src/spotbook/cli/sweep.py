@@ -14,6 +14,7 @@ from .._models import SnapshotPolicy
 from ..notebook.grid import expand, read_rows, typed_values
 from ..notebook.parameters import collect_parameters
 from ..ops.sweep import (
+    PointOptions,
     SweepTable,
     prepare_sweep,
     run_points,
@@ -56,26 +57,26 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("OUTPUT - does not apply to a sweep; give a template like out_{lr}.ipynb")
     points = _points(args)
     snapshot = SnapshotPolicy.parse(args.snapshot, args.snapshot_interval)
-    common: dict[str, Any] = {
-        "output": args.output,
-        "kernel_name": args.kernel,
-        "language": args.language,
-        "report_mode": args.report_mode,
-        "limits": _limits(args),
-        "snapshot": snapshot,
-        "strict_resume": args.strict_resume,
-        "restart": args.restart,
-    }
+    common = PointOptions(
+        output=args.output,
+        kernel_name=args.kernel,
+        language=args.language,
+        report_mode=args.report_mode,
+        limits=_limits(args),
+        snapshot=snapshot,
+        strict_resume=args.strict_resume,
+        restart=args.restart,
+    )
     if args.submit or args.dry_run:
         return _submit(args, points, common)
-    prepare_sweep(args.input, args.run_dir, points, **common)
+    prepare_sweep(args.input, args.run_dir, points, common)
     _say(f"sweep of {len(points)} points in {args.run_dir}")
     table = run_points(args.run_dir, parallel=args.parallel, grace=args.grace, say=_say)
     _show(table, as_json=args.json)
     return table.exit_code()
 
 
-def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: dict[str, Any]) -> int:
+def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: PointOptions) -> int:
     import dataclasses
 
     from ..ops.submit import check_locations, job_manifest, submit_warnings, wait_for_job
@@ -107,11 +108,11 @@ def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: dict
         args.input,
         job,
         points,
+        common,
         parallelism=args.parallel,
         max_failed_points=args.max_failed_points,
         context=args.context,
         namespace=args.namespace,
-        **common,
     )
     _say(
         f"submitted sweep {done.run_id} ({len(points)} points) as Indexed Job {done.job} in "

@@ -24,6 +24,7 @@ from .runs import cluster_for
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster
+    from ..store.integrity import Key
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,26 @@ def job_manifest(
     return build_job(dataclasses.replace(job, run_id=new_run_id()))
 
 
+def for_cluster(
+    cluster: Cluster, job: JobOptions, limits: Limits, notebook: Any
+) -> tuple[JobOptions, Key]:
+    """The Job's options for this cluster (its namespace, the run's grace, the source),
+    checked before anything is written; and the run key from the cluster's Secret, which
+    the pod checks the store with, so the run is sealed with it."""
+    from ..store.integrity import load_key
+
+    job = dataclasses.replace(
+        job,
+        run_id="check",
+        namespace=cluster.namespace,
+        grace=limits.grace,
+        source=notebook if isinstance(notebook, str) else "-",
+        key_secret=job.key_secret or DEFAULT_KEY_SECRET,
+    )
+    assert job.key_secret is not None
+    return job, cluster.run_key(job.key_secret, load_key())
+
+
 def submit_notebook(
     notebook: Any,
     job: JobOptions,
@@ -117,23 +138,11 @@ def submit_notebook(
     ``source`` are filled in here. The cluster is asked before anything is written, so
     a bad context or namespace leaves no run behind."""
     from .._api import prepare_run
-    from ..store.integrity import load_key
 
     check_locations(job.run_dir, output)
     limits = limits or Limits()
     with cluster_for(context, namespace) as cluster:
-        source = notebook if isinstance(notebook, str) else "-"
-        job = dataclasses.replace(
-            job,
-            run_id="check",
-            namespace=cluster.namespace,
-            grace=limits.grace,
-            source=source,
-            key_secret=job.key_secret or DEFAULT_KEY_SECRET,
-        )  # checked here, before anything is written
-        assert job.key_secret is not None
-        # The pod checks the store with the key in the Secret: seal the run with that key.
-        key = cluster.run_key(job.key_secret, load_key())
+        job, key = for_cluster(cluster, job, limits, notebook)
         store = prepare_run(
             notebook,
             output,

@@ -145,27 +145,37 @@ def default_parallel() -> int:
     return max(1, min(cores or 1, by_memory))
 
 
+@dataclass(frozen=True)
+class PointOptions:
+    """What every point of a sweep is run with (``prepare_run``'s options; ``output``
+    may be a path template: ``out_{lr}.ipynb``)."""
+
+    output: str | None = None
+    kernel_name: str | None = None
+    language: str | None = None
+    report_mode: bool = False
+    limits: Limits | None = None
+    snapshot: SnapshotPolicy | None = None
+    strict_resume: bool = False
+    restart: bool = False
+
+
 def prepare_sweep(
     notebook: Any,
     url: str,
     points: Sequence[Mapping[str, Any]],
+    options: PointOptions | None = None,
     *,
-    output: str | None = None,
-    kernel_name: str | None = None,
-    language: str | None = None,
-    report_mode: bool = False,
-    limits: Limits | None = None,
-    snapshot: SnapshotPolicy | None = None,
-    strict_resume: bool = False,
-    restart: bool = False,
     key: Key | None = None,
     here: bool = True,
 ) -> str:
     """Freeze the notebook with each point's parameters into ``URL/points/<i>`` (or
     reopen them: the same sweep again continues it) and write ``sweep.json``; returns
-    the sweep's id. ``output`` may be a path template (``out_{lr}.ipynb``)."""
+    the sweep's id."""
     from .._api import prepare_run
 
+    o = options or PointOptions()
+    restart = o.restart
     if not points:
         raise UsageError("the sweep has no points: give -p NAME V1,V2,... or a YAML grid")
     url = url.rstrip("/")
@@ -184,16 +194,16 @@ def prepare_sweep(
     for i, params in enumerate(plain):
         prepare_run(
             notebook,
-            output,
+            o.output,
             parameters=params,
-            kernel_name=kernel_name,
-            language=language,
-            report_mode=report_mode,
-            limits=limits,
-            snapshot=snapshot,
+            kernel_name=o.kernel_name,
+            language=o.language,
+            report_mode=o.report_mode,
+            limits=o.limits,
+            snapshot=o.snapshot,
             run_dir=point_url(url, i),
             restart=restart,
-            strict_resume=strict_resume,
+            strict_resume=o.strict_resume,
             key=key,
             here=here,
         )
@@ -397,10 +407,7 @@ def sweep(
     from ..notebook.grid import expand
 
     points = expand(grid or {}, rows)
-    prepare_sweep(
-        notebook,
-        run_dir,
-        points,
+    options = PointOptions(
         output=output,
         kernel_name=kernel_name,
         limits=limits,
@@ -408,6 +415,7 @@ def sweep(
         strict_resume=strict_resume,
         restart=restart,
     )
+    prepare_sweep(notebook, run_dir, points, options)
     return run_points(run_dir, parallel=parallel, say=say)
 
 
@@ -421,15 +429,8 @@ def submit_sweep(
     notebook: Any,
     job: JobOptions,
     points: Sequence[Mapping[str, Any]],
+    options: PointOptions | None = None,
     *,
-    output: str | None = None,
-    kernel_name: str | None = None,
-    language: str | None = None,
-    report_mode: bool = False,
-    limits: Limits | None = None,
-    snapshot: SnapshotPolicy | None = None,
-    strict_resume: bool = False,
-    restart: bool = False,
     parallelism: int | None = None,
     max_failed_points: int | None = None,
     context: str | None = None,
@@ -438,46 +439,22 @@ def submit_sweep(
     """Freeze every point into ``job.run_dir/points/<i>`` (a bucket URL), sealed with the
     cluster's run key, and create one Indexed Job: pod ``i`` runs point ``i``, a
     preempted pod is replaced for its point alone, and a failing point fails only itself
-    (``--max-failed-points`` of them stop the Job; default: none do)."""
+    (``max_failed_points`` of them stop the Job; default: none do)."""
     import dataclasses
 
     from ..kube.jobs import JOB_RECORD
-    from ..kube.manifest import DEFAULT_KEY_SECRET, build_job
-    from ..store.integrity import load_key
+    from ..kube.manifest import build_job
     from .runs import cluster_for
-    from .submit import check_locations, job_record
+    from .submit import check_locations, for_cluster, job_record
 
-    check_locations(job.run_dir, output)
-    limits = limits or Limits()
+    o = options or PointOptions()
+    check_locations(job.run_dir, o.output)
+    job = dataclasses.replace(
+        job, points=len(points), parallelism=parallelism, max_failed_points=max_failed_points
+    )
     with cluster_for(context, namespace) as cluster:
-        job = dataclasses.replace(
-            job,
-            run_id="check",
-            namespace=cluster.namespace,
-            grace=limits.grace,
-            source=notebook if isinstance(notebook, str) else "-",
-            key_secret=job.key_secret or DEFAULT_KEY_SECRET,
-            points=len(points),
-            parallelism=parallelism,
-            max_failed_points=max_failed_points,
-        )  # checked here, before anything is written
-        assert job.key_secret is not None
-        key = cluster.run_key(job.key_secret, load_key())
-        sweep_id = prepare_sweep(
-            notebook,
-            job.run_dir,
-            points,
-            output=output,
-            kernel_name=kernel_name,
-            language=language,
-            report_mode=report_mode,
-            limits=limits,
-            snapshot=snapshot,
-            strict_resume=strict_resume,
-            restart=restart,
-            key=key,
-            here=False,
-        )
+        job, key = for_cluster(cluster, job, o.limits or Limits(), notebook)
+        sweep_id = prepare_sweep(notebook, job.run_dir, points, o, key=key, here=False)
         job = dataclasses.replace(job, run_id=sweep_id)
         manifest = build_job(job)
         name = manifest["metadata"]["name"]
