@@ -60,9 +60,7 @@ class FilesSync:
         result = await asyncio.to_thread(self.files.sync)
         rec = self.journal.attempt_rec
         rec["checkpoint_syncs"] = rec.get("checkpoint_syncs", 0) + 1
-        rec["checkpoint_uploaded_bytes"] = (
-            rec.get("checkpoint_uploaded_bytes", 0) + result.uploaded_bytes
-        )
+        rec["checkpoint_uploaded_bytes"] = self.files.uploaded_bytes
         rec["checkpoint_files"] = result.files
         rec["checkpoint_last_sync_seconds"] = round(result.seconds, 3)
 

@@ -67,6 +67,9 @@ class CheckpointDir:
         self._blobs: set[str] = set()
         self._last_manifest: dict[str, Any] | None = None
         self._lock = threading.Lock()  # a periodic sync may still run in its thread
+        # every byte this attempt uploaded, counted where it lands: a sync whose caller
+        # stopped waiting (cancelled on a notice) still finishes its uploads in its thread
+        self.uploaded_bytes = 0
 
     # -- download --------------------------------------------------------------
     def restore(self, manifest: dict[str, Any] | None) -> int:
@@ -130,9 +133,9 @@ class CheckpointDir:
                     if digest not in self._blobs and not self.store.exists(
                         self.store.blob_path(digest)
                     ):
-                        result.uploaded_bytes += self.store.put_file(
-                            full, self.store.blob_path(digest)
-                        )
+                        size = self.store.put_file(full, self.store.blob_path(digest))
+                        result.uploaded_bytes += size
+                        self.uploaded_bytes += size
                         result.uploaded_files += 1
                     if _stamp(os.stat(full)) != before:
                         raise _Changed
