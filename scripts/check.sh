@@ -30,6 +30,15 @@ if ! command -v podman >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>
     echo "note: no podman (needs root and apt-get to install); the container tests skip"
   fi
 fi
+# Debian's Chromium for the dashboard's browser tests (tests/test_view.py; Playwright drives
+# it, and never downloads a browser of its own)
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: no chromium (needs root and apt-get to install); the browser test skips"
+  fi
+fi
 echo "== ruff ($(date +%T))"; ruff check src tests bench; ruff format --check src tests bench
 echo "== mypy"; mypy
 echo "== pytest ($(date +%T))"; python -m pytest "$@"

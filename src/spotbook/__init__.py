@@ -51,7 +51,18 @@ if TYPE_CHECKING:
     from ._status import RunReport
     from .ops.drill import DrillReport, drill
     from .ops.plans import PlanRun, run_plan
-    from .ops.runs import Cancelled, Recovered, cancel_run, recover_run, run_status
+    from .ops.runs import (
+        Cancelled,
+        Recovered,
+        RunListing,
+        cancel_run,
+        cluster_runs,
+        find_runs,
+        recover_run,
+        run_logs,
+        run_notebook,
+        run_status,
+    )
     from .ops.submit import Submitted, job_manifest, submit_notebook, wait_for_job
     from .ops.sweep import (
         PointOptions,
@@ -62,6 +73,7 @@ if TYPE_CHECKING:
         sweep,
         sweep_status,
     )
+    from .view.report import render_report
 
 # The runner side (nbclient, jupyter_client) loads on first use: a kernel that imports
 # spotbook for preempted()/checkpoint_dir(), or for snapshots, must not pay for it
@@ -78,6 +90,13 @@ _LAZY = {
     "recover_run": ".ops.runs",
     "Cancelled": ".ops.runs",
     "Recovered": ".ops.runs",
+    "run_notebook": ".ops.runs",
+    "run_logs": ".ops.runs",
+    "find_runs": ".ops.runs",
+    "cluster_runs": ".ops.runs",
+    "RunListing": ".ops.runs",
+    # a run as HTML (needs spotbook[ui])
+    "render_report": ".view.report",
     "submit_notebook": ".ops.submit",
     "job_manifest": ".ops.submit",
     "wait_for_job": ".ops.submit",
@@ -129,6 +148,7 @@ __all__ = [
     "PreemptionBudgetError",
     "Recovered",
     "ResumeRefusedError",
+    "RunListing",
     "RunNotFoundError",
     "RunReport",
     "RunStatus",
@@ -146,16 +166,21 @@ __all__ = [
     "UsageError",
     "cancel_run",
     "checkpoint_dir",
+    "cluster_runs",
     "drill",
     "execute_notebook",
+    "find_runs",
     "inspect_notebook",
     "job_manifest",
     "preempted",
     "prepare_run",
     "record",
     "recover_run",
+    "render_report",
     "resume_run",
     "resume_sweep",
+    "run_logs",
+    "run_notebook",
     "run_plan",
     "run_status",
     "submit_notebook",

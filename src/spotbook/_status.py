@@ -75,6 +75,8 @@ class RunReport(TypedDict):
     attempts: list[AttemptRecord]  # the fields STATUS_ATTEMPT_FIELDS names
     preemptions: int
     downtime: dict[str, Any]  # what each preemption cost, and the totals (``downtime``)
+    # the cell running now (its index in the notebook), while the run runs
+    current_cell: NotRequired[int]
     cluster: NotRequired[dict[str, Any]]  # the Job and its pods (``kube.jobs.job_view``)
     # the run was moved to on-demand nodes: when and why (``ops.fallback``)
     fallback: NotRequired[dict[str, Any]]
@@ -126,6 +128,10 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
             attempts, records, gpus=int(job.get("gpu_count") or 0), scheduled=scheduled
         ),
     )
+    if status is RunStatus.RUNNING:
+        doc["current_cell"] = next(
+            (i for i in executable if i not in done), executable[-1] if executable else 0
+        )
     if view:
         doc["cluster"] = view
     if job.get("fallback"):

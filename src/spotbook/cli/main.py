@@ -40,6 +40,7 @@ from .plans import _cmd_cluster_plan
 from .run import _cmd_inspect, _cmd_resume, _cmd_run, _cmd_worker
 from .status import _cmd_runs, _cmd_status
 from .sweep import _cmd_sweep, _cmd_sweep_results, _cmd_sweep_resume, _cmd_sweep_status
+from .view import _cmd_report, _cmd_ui
 
 log = logging.getLogger("spotbook")
 
@@ -87,6 +88,8 @@ COMMANDS = {
     "sweep-resume": _cmd_sweep_resume,
     "sweep-status": _cmd_sweep_status,
     "sweep-results": _cmd_sweep_results,
+    "report": _cmd_report,
+    "ui": _cmd_ui,
     "gke": _cmd_cluster_plan,
     "eks": _cmd_cluster_plan,
     "aks": _cmd_cluster_plan,

@@ -382,6 +382,55 @@ def _add_sweep_parsers(sub: Any) -> None:
     )
 
 
+def _add_view_parsers(sub: Any) -> None:
+    rp = sub.add_parser(
+        "report",
+        help="a run as one HTML file: summary, time line of attempts, the rendered notebook",
+        description="Write the run's report: status, parameters, attempts, preemptions, the "
+        "downtime split and cost when known, a time line of attempts and downtime (inline "
+        "SVG), and the notebook rendered by nbconvert. The file loads nothing from anywhere.",
+    )
+    rp.add_argument("run", metavar="RUN", help="run id or run store URL")
+    rp.add_argument("-o", "--output", metavar="FILE", required=True, help="HTML file, or - ")
+    rp.add_argument("--prices", metavar="FILE", help="a price table for the cost (see cost)")
+    _add_cluster_flags(rp)
+    ui = sub.add_parser(
+        "ui",
+        help="a local web dashboard of runs and sweeps (local, object stores, cluster)",
+        description="Serve a dashboard of runs and sweeps: the list, each run's live "
+        "progress, time line, fidelity report, output and rendered notebook, refreshed "
+        "while runs progress. Listens on 127.0.0.1 unless --host and --allow-remote say "
+        "otherwise; then every request needs the token printed with the URL.",
+    )
+    ui.add_argument(
+        "--store",
+        action="append",
+        metavar="URL",
+        help="a folder or bucket URL holding run stores and sweeps (repeatable)",
+    )
+    ui.add_argument(
+        "--no-local",
+        action="store_true",
+        help="leave out ./.spotbook/runs and the library's runs folder",
+    )
+    ui.add_argument("--cluster", action="store_true", help="also list the cluster's spotbook Jobs")
+    ui.add_argument("-A", "--all-namespaces", action="store_true")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8765, help="0 picks a free port (default 8765)")
+    ui.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host other machines can reach (a token is then required)",
+    )
+    ui.add_argument(
+        "--token", help="the token requests must carry (default: $SPOTBOOK_UI_TOKEN, or made)"
+    )
+    ui.add_argument(
+        "--refresh", type=float, default=2.0, metavar="SECONDS", help="live refresh (default 2)"
+    )
+    _add_cluster_flags(ui)
+
+
 def _add_economics_parsers(sub: Any) -> None:
     co = sub.add_parser(
         "cost",
@@ -567,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_plan_flags(pp, provider)
     _add_sweep_parsers(sub)
     _add_economics_parsers(sub)
+    _add_view_parsers(sub)
     runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
     runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
     runs.add_argument("-A", "--all-namespaces", action="store_true")

@@ -17,6 +17,7 @@ from ..store.runstore import RunStore, is_url, resolve_run
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster
+    from ..notebook.document import Notebook
 
 # what the store says while the cluster may know better (the pod is pending, queued...)
 _STORE_UNSETTLED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.INTERRUPTED)
@@ -177,3 +178,136 @@ def recover_run(
         deleted=stuck,
         others=[describe_pod(v) for v in views if not v.get("past_grace")],
     )
+
+
+def run_notebook(
+    run: str | RunStore, *, context: str | None = None, namespace: str | None = None
+) -> Notebook:
+    """The run's notebook as it stands: every finished cell's outputs, the others
+    pending (the store's output notebook, refreshed as cells finish; before the first
+    refresh, the parameterized input)."""
+    from ..notebook import document as nbs
+
+    store = _store(run, context, namespace)
+    store.require_run()
+    for name in ("output.ipynb", "input.ipynb"):
+        data = store.read(name)
+        if data is not None:
+            return nbs.parse(data, f"{store.url}/{name}")
+    raise RunNotFoundError(f"the run in {store.url} has no notebook yet")
+
+
+def run_logs(
+    run: str | RunStore,
+    *,
+    lines: int = 200,
+    context: str | None = None,
+    namespace: str | None = None,
+) -> list[str]:
+    """The run's last ``lines`` lines of output: its pod's log for a submitted run whose
+    pod is still there, else what its finished cells printed (streams and errors)."""
+    store = _store(run, context, namespace)
+    record = store.read_json(JOB_RECORD)
+    if record:
+        from ..kube.cluster import ClusterError
+
+        try:
+            run_id = store.require_run()["spec"]["run_id"]
+            with cluster_for(context, namespace, record) as cluster:
+                pods = cluster.pods(run_id)
+                if pods:
+                    got = list(cluster.logs(pods[-1]["metadata"]["name"]))
+                    text = "".join(x if x.endswith("\n") else x + "\n" for x in got)
+                    return text.splitlines()[-lines:]
+        except (ClusterError, UsageError):
+            pass  # the Job is gone or out of reach: what the store kept
+    out: list[str] = []
+    for cell in run_notebook(store).cells:
+        for o in cell.get("outputs") or []:
+            if o.get("output_type") == "stream":
+                out.extend(str(o.get("text", "")).splitlines())
+            elif o.get("output_type") == "error":
+                out.append(f"{o.get('ename')}: {o.get('evalue')}")
+    return out[-lines:]
+
+
+@dataclass
+class RunListing:
+    """What ``find_runs`` found under one place: runs, sweeps, and what could not be
+    read (named, with why)."""
+
+    where: str
+    runs: list[RunReport]
+    sweeps: list[Any]  # ops.sweep.SweepTable
+    errors: list[str]
+
+
+def find_runs(base: str) -> RunListing:
+    """Every run store and sweep directly under ``base`` (a local folder or any fsspec
+    URL, such as ``gs://bucket/runs``), each as ``run_status``/``sweep_status`` give it."""
+    import fsspec
+
+    from .sweep import SWEEP_FILE, sweep_status
+
+    listing = RunListing(base, [], [], [])
+    try:
+        fs, root = fsspec.core.url_to_fs(base, **({} if not is_url(base) else _fresh(base)))
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return listing
+    except Exception as exc:
+        listing.errors.append(f"{base}: cannot list it ({exc})")
+        return listing
+    dirs = sorted(
+        (str(e["name"]).rstrip("/") for e in entries if e.get("type") == "directory"),
+        reverse=True,
+    )
+    for path in dirs:
+        name = path.rsplit("/", 1)[-1]
+        url = f"{base.rstrip('/')}/{name}"
+        try:
+            store = RunStore(url)
+            if store.exists(SWEEP_FILE):
+                listing.sweeps.append(sweep_status(url))
+            elif store.exists("run.json"):
+                listing.runs.append(describe(store))
+        except Exception as exc:
+            listing.errors.append(f"{url}: {exc}")
+    listing.runs.sort(key=lambda d: d["run_id"], reverse=True)  # newest first
+    return listing
+
+
+def _fresh(url: str) -> dict[str, Any]:
+    return {} if url.startswith(("file://", "local://")) else {"use_listings_cache": False}
+
+
+def cluster_runs(
+    context: str | None = None, namespace: str | None = None, all_namespaces: bool = False
+) -> RunListing:
+    """The runs of the spotbook Jobs on the cluster, each read from the store its Job
+    names, with the Job's live state (``run_status``)."""
+    from ..kube.cluster import ClusterError
+
+    listing = RunListing("cluster", [], [], [])
+    try:
+        with cluster_for(context, namespace) as cluster:
+            listing.where = f"cluster {cluster.context_name}/{cluster.namespace}"
+            jobs = cluster.list_jobs(all_namespaces=all_namespaces)
+            view = cluster_view(cluster=cluster)
+            for job in jobs:
+                meta = job.get("metadata") or {}
+                url = (meta.get("annotations") or {}).get(ANNOTATION_RUN_DIR)
+                if not url:
+                    continue
+                try:
+                    doc = describe(RunStore(url), cluster=view)
+                except Exception as exc:
+                    listing.errors.append(f"Job {meta.get('name')}: {url}: {exc}")
+                    continue
+                live = (doc.get("cluster") or {}).get("state")
+                if doc["status"] in _STORE_UNSETTLED and live in LIVE_STATES:
+                    doc["status"] = live
+                listing.runs.append(doc)
+    except (ClusterError, UsageError) as exc:
+        listing.errors.append(f"cluster: {exc}")
+    return listing
