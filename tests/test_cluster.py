@@ -205,6 +205,20 @@ def test_preempted_pod_is_replaced_and_wait_reports_it(work: Path, kube: FakeKub
     listing = cli("runs", "--cluster", cwd=work, env=kube.env)
     assert run_id in listing.stdout and "succeeded" in listing.stdout
 
+    # the dashboard finds it through its Job, and shows the pod's log
+    from spotbook.view.dashboard import Sources, create_app
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in kube.env.items():
+            mp.setenv(k, v)
+        client = create_app(Sources(local=False, cluster=True)).test_client()
+        (place,) = client.get("/api/runs").get_json()
+        assert place["where"] == "cluster fake/default" and not place["errors"]
+        assert [(r["run_id"], r["status"]) for r in place["runs"]] == [(run_id, "succeeded")]
+        assert place["runs"][0]["cluster"]["job"] == job
+        page = client.get(f"/run/{place['runs'][0]['key']}").get_data(as_text=True)
+        assert "tick 2\ndone" in page and "gke-spot-2" in page
+
 
 def test_wait_exits_with_the_runs_code_when_the_job_fails(work: Path, kube: FakeKube) -> None:
     rd = f"file://{work}/runs/fail"

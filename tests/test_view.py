@@ -88,6 +88,12 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gate.touch()
     r = cli("resume", "runs/resumed", cwd=base)
     assert r.returncode == 0, r.stderr
+    write_notebook(base / "point.ipynb", "print('point', k * 10)")
+    r = cli(
+        "sweep", "point.ipynb", "--run-dir", "runs/sweep", "-p", "k", "1,2", "--parallel", "2",
+        cwd=base,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
     return base
 
 
@@ -270,6 +276,18 @@ def test_dashboard_in_chromium(
         for name, d in docs.items():
             assert statuses[d["run_id"]] == d["status"], name
         page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
+
+        # the sweep: its points, each a run page
+        assert "2 succeeded" in page.inner_text("tr.sweep")
+        page.click("tr.sweep a")
+        points = page.locator("tr.point")
+        assert points.count() == 2
+        assert [points.nth(i).get_attribute("data-status") for i in range(2)] == ["succeeded"] * 2
+        page.click("tr.point >> nth=1 >> a")
+        page.frame_locator("#notebook-frame").locator(
+            ".output_subarea", has_text="point 20"
+        ).wait_for()
+        page.goto(url)
 
         # the preempted and resumed run: one bar per attempt, the gap where the data says
         page.click(f"tr.run[data-run-id='{docs['resumed']['run_id']}'] a")
