@@ -109,6 +109,9 @@ class AttemptRecord(TypedDict, total=False):
     fallback: dict[str, Any]
     files_given_back: list[str]
     snapshots_off: str
+    snapshots_sync: str  # why snapshots were not taken in the background
+    background_snapshots: int
+    snapshot_pause_max: float  # the longest a background snapshot stopped the notebook
     # checkpoint files (object stores)
     checkpoint_restored_bytes: int
     checkpoint_ready_seconds: float
@@ -152,6 +155,9 @@ STATUS_ATTEMPT_FIELDS = (
     "fallback",
     "files_given_back",
     "snapshots_off",
+    "snapshots_sync",
+    "background_snapshots",
+    "snapshot_pause_max",
     "error",
 )
 
@@ -180,12 +186,17 @@ class SnapshotPolicy:
     cost_ratio: float = 20.0
     min_gap: float = 0.5
     interval: float | None = None
+    # written by a fork of the kernel while the notebook goes on, where that is safe
+    background: bool = True
+    hazard: float = 1.0  # preemptions expected per node-hour (auto keeps up with them)
 
     def __post_init__(self) -> None:
         if self.cost_ratio <= 0 or self.min_gap < 0:
             raise UsageError("snapshot cost ratio must be positive and min gap not negative")
         if self.interval is not None and self.interval < 0:
             raise UsageError("--snapshot-interval must be zero or more seconds")
+        if not (0 < self.hazard < math.inf):
+            raise UsageError("--snapshot-hazard must be a positive rate (preemptions per hour)")
 
     def due(self, compute_since: float, last_cost: float | None) -> bool:
         """Whether to snapshot now, given compute since the last one and its cost."""
@@ -195,16 +206,55 @@ class SnapshotPolicy:
             return True
         if self.interval is not None and compute_since >= self.interval:
             return True
-        return compute_since >= max(self.min_gap, self.cost_ratio * (last_cost or 0.0))
+        return compute_since >= self.gap(last_cost or 0.0)
+
+    def gap(self, cost: float) -> float:
+        """``auto``: the compute between snapshots that cost ``cost`` seconds each. At most
+        ``1 / cost_ratio`` of the compute goes to snapshots, and never less often than the
+        Young/Daly interval for ``hazard`` preemptions per hour asks (expensive
+        snapshots against a high hazard)."""
+        by_cost = self.cost_ratio * cost
+        by_hazard = young_daly(cost, 3600.0 / self.hazard)
+        return max(self.min_gap, min(by_cost, by_hazard))
 
     @classmethod
-    def parse(cls, text: str, interval: float | None = None) -> SnapshotPolicy:
+    def parse(
+        cls,
+        text: str,
+        interval: float | None = None,
+        *,
+        background: bool = True,
+        hazard: float = 1.0,
+    ) -> SnapshotPolicy:
         try:
             mode = SnapshotMode(text)
         except ValueError:
             choices = ", ".join(m.value for m in SnapshotMode)
             raise UsageError(f"--snapshot must be one of {choices}, not {text!r}") from None
-        return cls(mode=mode, interval=interval)
+        return cls(mode=mode, interval=interval, background=background, hazard=hazard)
+
+
+def young_daly(snapshot_seconds: float, mtbf: float) -> float:
+    """The snapshot interval (compute seconds) that minimises expected loss: Young's
+    ``sqrt(2 C M)``, with Daly's higher-order correction while ``C < 2 M``."""
+    c, m = max(snapshot_seconds, 1e-6), mtbf
+    if c >= 2 * m:
+        return m
+    r = c / (2 * m)
+    return math.sqrt(2 * c * m) * (1 + math.sqrt(r) / 3 + r / 9) - c
+
+
+def parse_rate(text: str, flag: str = "--hazard", allow_zero: bool = False) -> float:
+    """A hazard rate: '1' or '1/h' per hour, '30/d' per day, '2/m' per minute."""
+    per = {"h": 1.0, "d": 1 / 24, "m": 60.0, "s": 3600.0}
+    number, _, unit = str(text).partition("/")
+    try:
+        value = float(number) * per[unit.strip() or "h"]
+    except (ValueError, KeyError):
+        value = math.nan
+    if not (0 <= value < math.inf) or (value == 0 and not allow_zero):
+        raise UsageError(f"{flag} {text!r}: give preemptions per hour, e.g. 1, 1/h, 12/d, 2/m")
+    return value
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from .._errors import (
     RunTimeoutError,
     Terminated,
 )
-from .._models import CellStatus, NoticeCell
+from .._models import SAVE_BUDGET, CellStatus, NoticeCell
 from ..notebook import document as nbs
 from .executor import KernelDied
 
@@ -38,6 +38,20 @@ class CellLoop:
         self.snapshots = snapshots
 
     async def run_cells(self, start: int) -> None:
+        try:
+            await self._run_cells(start)
+        finally:
+            # a background snapshot still being written: wait for it (after a notice,
+            # only as long as the save budget allows), then commit what it holds
+            await self.snapshots.settle(wait=True, deadline=self._save_deadline())
+
+    def _save_deadline(self) -> float | None:
+        notice = self.run.notice
+        if notice is None or not notice.given:
+            return None
+        return notice.at + SAVE_BUDGET
+
+    async def _run_cells(self, start: int) -> None:
         run = self.run
         notice, journal, snaps = run.notice, run.journal, self.snapshots
         assert run.session is not None and notice is not None
@@ -54,6 +68,7 @@ class CellLoop:
                 continue
             if notice.given:
                 async with run.kernel_may_die(index - 1, "while taking the snapshot after cell"):
+                    await snaps.settle(wait=True, deadline=self._save_deadline())
                     await snaps.last(index - 1)
                 raise Terminated(notice.signame, run.resume_hint())
             if bar is not None:
@@ -68,6 +83,7 @@ class CellLoop:
                     cell_timeout=limits.execution_timeout,
                 )
             except KernelDied:
+                await snaps.settle(wait=True, deadline=self._save_deadline())
                 if notice.given:
                     # The node is going away: the runtime may kill the whole process
                     # group when the grace runs out. A preemption, not the cell's fault:
@@ -78,11 +94,13 @@ class CellLoop:
                 journal.commit_failure(index, t0, "KernelDied", "the kernel process died")
                 raise KernelDiedError(cell_index=index, execution_count=None) from None
             except CellTimeoutError:
+                await snaps.settle(wait=True)
                 journal.commit_failure(
                     index, t0, "CellTimeoutError", f"exceeded {limits.execution_timeout:g} s"
                 )
                 raise
             except RunTimeoutError:
+                await snaps.settle(wait=True)
                 journal.commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
                 raise
             if notice.given and notice.seen_by_cell():
@@ -98,12 +116,26 @@ class CellLoop:
                 status = CellStatus.EXITED if ok else CellStatus.FAILED
             record = journal.record(index, result, t0, duration, status, run.session)
             undo = record.get("undo")
+            await snaps.settle(wait=False)  # the one in the background, if it is done
             snap_due = (
                 status is CellStatus.COMPLETED and index != last and await snaps.due(duration)
             )
-            if undo and snap_due:
+            if undo and (snap_due or snaps.pending):
                 journal.note_executed(index, undo)
-            if snap_due:
+            background = False
+            if snap_due and snaps.background:
+                async with run.kernel_may_die(index, "while starting the snapshot after cell"):
+                    await snaps.settle(wait=True)  # one at a time
+                    try:
+                        background = await snaps.start(index)
+                    except Terminated:
+                        journal.commit(index, record)  # as a synchronous one cut short
+                        raise
+            if background or (snaps.pending and not snap_due):
+                # committed once the snapshot in the background is (the same order as a
+                # synchronous snapshot keeps)
+                snaps.hold(index, record)
+            elif snap_due:
                 # Snapshot before the record: once a cell is committed, its effects are
                 # in the store too (when the policy snapshots), so a kill after the
                 # commit never makes a resume run it again. (Never after the last cell:
@@ -114,7 +146,9 @@ class CellLoop:
                 except Terminated:
                     journal.commit(index, record)
                     raise
-            journal.commit(index, record)
+                journal.commit(index, record)
+            else:
+                journal.commit(index, record)
             journal.recommit_updated_displays(index, run.session)
             if bar is not None:
                 bar.advance(len(run.nb.cells) if index == last else index + 1)

@@ -3,6 +3,14 @@ taking it, moving its blobs to and from an object store, and loading one back.
 
 The kernel does the pickling (:mod:`spotbook.kernel.session`); this module asks it to,
 with silent execute requests, and commits the manifest it returns.
+
+Background snapshots: where the kernel can be forked safely, the snapshot after cell ``i``
+is written by a copy-on-write fork of the kernel while the notebook goes on with the next
+cells. The records of cell ``i`` and of every cell after it are held (not committed) until
+that snapshot's manifest is committed, so the order the cell loop keeps — a snapshot
+before the record of the cell it covers — holds as for a synchronous one; a kill while
+the copy writes loses only the held records, whose cells then run again. Where forking is
+unsafe the snapshot is taken synchronously, and the attempt record says why.
 """
 
 from __future__ import annotations
@@ -12,8 +20,10 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import SnapshotIntegrityError, StorageError, Terminated
@@ -33,6 +43,26 @@ class CannotRebuild(Exception):
     """Internal: the kernel state cannot be rebuilt from the snapshot and replays."""
 
 
+@dataclass
+class Pending:
+    """A background snapshot being written, and the records waiting for it."""
+
+    index: int  # the cell it follows
+    pid: int  # the kernel's copy that writes it
+    result: str  # where the copy leaves its manifest (complete, or not at all)
+    started: float  # monotonic
+    pause: float  # what it stopped the notebook for
+    held: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    upload: asyncio.Task[None] | None = None  # object stores: its blobs on their way
+    manifest: dict[str, Any] | None = None
+
+
+def _alive(pid: int) -> bool:
+    from .._status import alive
+
+    return alive(pid)
+
+
 class Snapshots:
     """One attempt's snapshots: the policy's measurements, and the blobs moved."""
 
@@ -45,12 +75,18 @@ class Snapshots:
         self.compute_since = 0.0  # cell compute since the last snapshot
         self._uploaded: set[str] = set()  # object stores: blobs known to be in the store
         self.usable: dict[str, Any] | None = None  # checked before the kernel starts
+        policy = runner.spec.snapshot
+        self.background = self.enabled and policy.background
+        self.pending: Pending | None = None
+        self.pauses: list[float] = []  # what each background snapshot stopped the notebook for
 
     def seed(self, doc: dict[str, Any]) -> None:
         """Take the restored snapshot's measured cost as the policy's first estimate, so a
         resumed attempt does not wait as long as a new run for its first snapshot."""
         seconds = float(doc.get("kernel_seconds") or 0.0)
         size = int(doc.get("state_bytes") or 0)
+        if self.background:
+            return  # the notebook pays the fork's pause, not the writing: nothing to seed
         if seconds > 0:
             self.cost = seconds
             if size > 1 << 20:
@@ -82,6 +118,9 @@ class Snapshots:
         if not self.enabled or not policy.due(self.compute_since, self.cost):
             return False
         if policy.mode is not SnapshotMode.AUTO:
+            return True
+        if self.background and (self.pauses or self.cost is None):
+            # what a background snapshot costs the notebook does not grow with the state
             return True
         # The last snapshot's cost says little when the state has grown since: predict
         # this one's from the state's size and the throughput the last one achieved
@@ -134,6 +173,21 @@ class Snapshots:
                 grace=run.grace,
                 index=index,
             )
+        self._commit(index, manifest)
+        cost = time.monotonic() - m0
+        # The first snapshot of an attempt also pays for warming the snapshot code in
+        # the kernel; the policy wants what the next one will cost.
+        self.cost = cost if self._taken else manifest["seconds"]
+        if manifest["seconds"] > 0 and manifest["state_bytes"] > 1 << 20:
+            self._rate = max(manifest["state_bytes"] / manifest["seconds"], 1e6)
+        self._taken += 1
+        self.compute_since = 0.0
+        log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
+
+    def _commit(self, index: int, manifest: dict[str, Any], pause: float | None = None) -> None:
+        """Commit the manifest of a snapshot whose blobs are all in the store (``pause``:
+        it was written in the background, stopping the notebook this long)."""
+        run, journal = self.run, self.run.journal
         doc = {
             "format": SNAPSHOT_FORMAT,
             "run_id": run.spec.run_id,
@@ -146,18 +200,145 @@ class Snapshots:
             "capture_seconds": manifest["capture_seconds"],
             "state_bytes": manifest["state_bytes"],
         }
+        if pause is not None:
+            doc["pause_seconds"] = round(pause, 6)
         journal.fence()
         run.store.write_snapshot(CellKey(index, journal.attempt), doc)
         journal.blob_bytes += int(manifest["written"])
-        cost = time.monotonic() - m0
-        # The first snapshot of an attempt also pays for warming the snapshot code in
-        # the kernel; the policy wants what the next one will cost.
-        self.cost = cost if self._taken else manifest["seconds"]
-        if manifest["seconds"] > 0 and manifest["state_bytes"] > 1 << 20:
-            self._rate = max(manifest["state_bytes"] / manifest["seconds"], 1e6)
-        self._taken += 1
+
+    # -- in the background ----------------------------------------------------------------
+    async def start(self, index: int) -> bool:
+        """Start the snapshot after cell ``index`` in a fork of the kernel; False when it
+        must be taken synchronously (why goes into the attempt record)."""
+        run = self.run
+        assert run.session is not None and self.pending is None
+        m0 = time.monotonic()
+        path = os.path.join(run.tmp, f"snapshot-{index}-{time.monotonic_ns()}.json")
+        expr = f"{KERNEL_MODULE}.snapshot_fork({self.blob_dir()!r}, {path!r})"
+        try:
+            raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
+        except RuntimeError as exc:
+            self._synchronous(f"the kernel could not fork ({exc})")
+            return False
+        answer = json.loads(raw)
+        if "unsafe" in answer:
+            self._synchronous(answer["unsafe"])
+            return False
+        pause = time.monotonic() - m0
+        self.pending = Pending(index, int(answer["pid"]), path, m0, pause)
+        self.pauses.append(pause)
         self.compute_since = 0.0
-        log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
+        rec = run.journal.attempt_rec
+        rec["background_snapshots"] = len(self.pauses)
+        rec["snapshot_pause_max"] = round(max(self.pauses), 6)
+        return True
+
+    def _synchronous(self, why: str) -> None:
+        rec = self.run.journal.attempt_rec
+        if rec.get("snapshots_sync") != why:
+            log.info("this snapshot is taken synchronously: %s", why)
+            rec["snapshots_sync"] = why
+
+    def hold(self, index: int, record: dict[str, Any]) -> None:
+        """Keep a finished cell's record until the snapshot in the background commits."""
+        assert self.pending is not None
+        self.pending.held.append((index, record))
+
+    def _finished(self, p: Pending) -> dict[str, Any] | None:
+        """The copy's manifest (or ``{"error"}``), or None while it still writes."""
+        for _ in range(2):
+            try:
+                with open(p.result) as fh:
+                    found: dict[str, Any] = json.load(fh)
+                return found
+            except FileNotFoundError:
+                pass
+            if _alive(p.pid):
+                return None
+            # it ended: look once more (it may have renamed its file in between)
+        return {"error": "the snapshot process ended without writing the snapshot"}
+
+    async def settle(self, *, wait: bool, deadline: float | None = None) -> None:
+        """Commit the background snapshot once it is complete, then the records held
+        behind it. ``wait``: until it is, or until ``deadline`` (monotonic), when it is
+        given up (the copy killed) and the held records are committed without it, as a
+        synchronous snapshot cut short by the notice leaves them."""
+        p = self.pending
+        if p is None:
+            return
+        journal = self.run.journal
+        while True:
+            if p.manifest is None:
+                found = self._finished(p)
+                if found is not None and "error" not in found and not self.run.store.local:
+                    p.manifest = found
+                    p.upload = asyncio.ensure_future(
+                        asyncio.to_thread(self._upload, found["new_blobs"])
+                    )
+                elif found is not None:
+                    p.manifest = found
+            ready = p.manifest is not None and (p.upload is None or p.upload.done())
+            if ready or not wait:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.005)
+        if not ready:
+            if not wait:
+                return
+            self._give_up(p)
+            self._release(p)
+            return
+        self.pending = None
+        assert p.manifest is not None
+        try:
+            if p.upload is not None:
+                p.upload.result()
+            if "error" in p.manifest:
+                raise RuntimeError(p.manifest["error"])
+            self._commit(p.index, p.manifest, p.pause)
+            self.cost = p.pause  # what the notebook waited for it
+            self._taken += 1
+            log.debug(
+                "background snapshot after cell %d: paused %.4f s, written in %.3f s",
+                p.index,
+                p.pause,
+                time.monotonic() - p.started,
+            )
+        except (OSError, StorageError) as exc:
+            raise StorageError(
+                f"the snapshot after cell {p.index} could not be written ({exc}); progress "
+                f"up to cell {p.index - 1} is saved. Free space in (or restore access to) "
+                f"the run store, then `spotbook resume {self.run.store.url}`"
+            ) from None
+        except RuntimeError as exc:
+            if _storage_failure(exc):
+                raise StorageError(
+                    f"the snapshot after cell {p.index} could not be written ({exc}); "
+                    f"progress up to cell {p.index - 1} is saved. Free space in (or restore "
+                    f"access to) the run store, then `spotbook resume {self.run.store.url}`"
+                ) from None
+            reason = f"the snapshot after cell {p.index} failed in the kernel ({exc})"
+            journal.attempt_rec["snapshots_off"] = reason
+            self.off(reason)
+        self._release(p)
+
+    def _release(self, p: Pending) -> None:
+        self.pending = None
+        for index, record in p.held:
+            self.run.journal.commit(index, record)
+        p.held.clear()
+
+    def _give_up(self, p: Pending) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGKILL)
+        if p.upload is not None:
+            p.upload.cancel()
+        log.warning(
+            "the snapshot after cell %d did not finish in time; a resume replays from the "
+            "one before",
+            p.index,
+        )
 
     async def last(self, index: int) -> None:
         """On a notice between cells: one more snapshot, if it fits the save budget."""

@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from .._errors import UsageError
-from .._models import SnapshotPolicy
 from ..kube.manifest import JobOptions
 from ..ops.fallback import FallbackPolicy
 from ..ops.runs import cancel_run, cluster_for, job_record, open_run, recover_run
+from .parser import snapshot_policy
 from .run import _check_engine, _limits, _parameters, _stdin_notebook
 
 log = logging.getLogger("spotbook")
@@ -140,7 +140,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         language=args.language,
         report_mode=args.report_mode,
         limits=limits,
-        snapshot=SnapshotPolicy.parse(args.snapshot, args.snapshot_interval),
+        snapshot=snapshot_policy(args),
         restart=args.restart,
         strict_resume=args.strict_resume,
         context=args.context,

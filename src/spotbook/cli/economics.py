@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from .._errors import UsageError
+from .._models import parse_rate
 from ..economics.cost import CostReport, Machine, run_cost
 from ..economics.prices import load_prices
 from ..ops.runs import open_run
@@ -110,16 +111,8 @@ def _duration(text: str | None) -> float | None:
 
 
 def _rate(text: str) -> float:
-    """A hazard rate: '1' or '1/h' per hour, '30/d' per day, '2/m' per minute."""
-    value, _, unit = text.partition("/")
-    per = {"": 1.0, "h": 1.0, "d": 1 / 24, "m": 60.0, "s": 3600.0}.get(unit.strip())
-    try:
-        rate = float(value) * (per if per is not None else float("nan"))
-    except ValueError:
-        rate = float("nan")
-    if not rate >= 0:
-        raise UsageError(f"--hazard {text!r}: give preemptions per hour, e.g. 1, 1/h, 12/d, 2/m")
-    return rate
+    """A hazard rate, zero allowed (no preemptions)."""
+    return parse_rate(text, "--hazard", allow_zero=True)
 
 
 def _trace(path: str | None) -> list[float] | None:
@@ -152,7 +145,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     mtbf = HOUR / hazard if hazard else float("inf")
     optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard else None
     rows = [
-        ("resume, auto policy", "resume", auto_interval(profile)),
+        ("resume, auto policy", "resume", auto_interval(profile, hazard)),
         ("resume, Young/Daly interval", "resume", optimal),
         ("restart from scratch", "restart", None),
     ]

@@ -10,6 +10,8 @@ from typing import Any
 from .. import __version__
 from .._models import (
     Limits,
+    SnapshotPolicy,
+    parse_rate,
 )
 
 log = logging.getLogger("spotbook")
@@ -119,6 +121,20 @@ def _add_execution_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="with auto: also snapshot after this much compute",
+    )
+    s.add_argument(
+        "--snapshot-background",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write snapshots from a fork of the kernel while the notebook goes on (default; "
+        "synchronous where forking is unsafe: a GPU context, the notebook's own threads)",
+    )
+    s.add_argument(
+        "--snapshot-hazard",
+        default="1/h",
+        metavar="RATE",
+        help="with auto: preemptions expected per node-hour (1/h, 12/d); snapshots that cost "
+        "much come at least as often as this rate makes them worth (default 1/h)",
     )
     s.add_argument(
         "--max-preemptions",
@@ -643,3 +659,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(wk)
     return parser
+
+
+def snapshot_policy(args: argparse.Namespace) -> SnapshotPolicy:
+    """The snapshot flags of run, submit and sweep as one policy."""
+    return SnapshotPolicy.parse(
+        args.snapshot,
+        args.snapshot_interval,
+        background=getattr(args, "snapshot_background", True),
+        hazard=parse_rate(getattr(args, "snapshot_hazard", "1/h"), "--snapshot-hazard"),
+    )

@@ -16,7 +16,6 @@ from .._errors import (
 from .._models import (
     EXIT_STOPPED,
     Limits,
-    SnapshotPolicy,
 )
 from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
@@ -24,6 +23,7 @@ from ..attempt.runner import Runner, RunResult
 from ..kube.jobs import CANCELLED
 from ..notebook.parameters import Parameter, collect_parameters
 from ..store.runstore import RunStore, resolve_run
+from .parser import snapshot_policy
 
 log = logging.getLogger("spotbook")
 
@@ -163,7 +163,7 @@ def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> Ru
         kernel_name=args.kernel,
         cwd=args.cwd,
         limits=_limits(args),
-        snapshot=SnapshotPolicy.parse(args.snapshot, args.snapshot_interval),
+        snapshot=snapshot_policy(args),
         run_dir=args.run_dir,
         restart=args.restart,
         strict_resume=args.strict_resume,

@@ -10,7 +10,6 @@ import sys
 from typing import Any
 
 from .._errors import UsageError
-from .._models import SnapshotPolicy
 from ..notebook.grid import expand, read_rows, typed_values
 from ..notebook.parameters import collect_parameters
 from ..ops.sweep import (
@@ -23,6 +22,7 @@ from ..ops.sweep import (
     write_results,
 )
 from ..store.runstore import read_url
+from .parser import snapshot_policy
 from .run import _check_engine, _limits
 
 
@@ -56,7 +56,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.output == "-":
         raise UsageError("OUTPUT - does not apply to a sweep; give a template like out_{lr}.ipynb")
     points = _points(args)
-    snapshot = SnapshotPolicy.parse(args.snapshot, args.snapshot_interval)
+    snapshot = snapshot_policy(args)
     common = PointOptions(
         output=args.output,
         kernel_name=args.kernel,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._models import SnapshotPolicy
+from .._models import young_daly as young_daly  # the interval, defined with the policy
 from .._status import describe
 from ..store.runstore import RunStore
 
@@ -79,11 +79,13 @@ def profile_from_run(store: RunStore) -> Profile:
     if not records:
         raise ValueError(f"the run in {store.url} has no finished cells to measure")
     cells = tuple(float(records[i].get("duration") or 0.0) for i in sorted(records))
-    costs = []
+    costs = []  # what each snapshot stopped the notebook for
+    writes = []  # what writing each took (the same for a synchronous one)
     for key in store.snapshot_keys().values():
         doc = store.read_snapshot(key) or {}
         if doc.get("kernel_seconds") is not None:
-            costs.append(float(doc["kernel_seconds"]))
+            writes.append(float(doc["kernel_seconds"]))
+            costs.append(float(doc.get("pause_seconds", doc["kernel_seconds"])))
     attempts = describe(store)["attempts"]
     kernels = [float(a["kernel_start_seconds"]) for a in attempts if a.get("kernel_start_seconds")]
     restores = [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
@@ -125,7 +127,7 @@ def profile_from_run(store: RunStore) -> Profile:
         snapshot_seconds=snapshot,
         start_seconds=max(first_cell - began, kernel) if began else kernel,
         # restore reads what a snapshot wrote: without a measured resume, take the same
-        restore_seconds=statistics.mean(restores) if restores else snapshot,
+        restore_seconds=(statistics.mean(restores) if restores else max([snapshot, *writes[-1:]])),
         source=store.url,
         kernel_seconds=kernel,
         finish_seconds=max(float(last.get("ended") or last_cell) - last_cell, 0.0),
@@ -287,20 +289,9 @@ def simulate(
     )
 
 
-def young_daly(snapshot_seconds: float, mtbf: float) -> float:
-    """The snapshot interval (compute seconds) that minimises expected loss: Young's
-    ``sqrt(2 C M)``, with Daly's higher-order correction while ``C < 2 M``."""
-    c, m = max(snapshot_seconds, 1e-6), mtbf
-    if c >= 2 * m:
-        return m
-    r = c / (2 * m)
-    return math.sqrt(2 * c * m) * (1 + math.sqrt(r) / 3 + r / 9) - c
-
-
-def auto_interval(profile: Profile) -> float:
+def auto_interval(profile: Profile, hazard_per_hour: float = 1.0) -> float:
     """The interval spotbook's ``auto`` snapshot policy keeps to for this profile."""
-    policy = SnapshotPolicy()
-    return max(policy.min_gap, policy.cost_ratio * profile.snapshot_seconds)
+    return SnapshotPolicy(hazard=hazard_per_hour or 1.0).gap(profile.snapshot_seconds)
 
 
 def best_interval(

@@ -7,6 +7,8 @@
   :func:`cell_effects` hands that note to the runner with the cell's own reply.
 - :func:`snapshot`: the variables as one pickle stream and the process state
   (:mod:`.process_state`), into blob files; returns the manifest's contents.
+  :func:`snapshot_fork` does the same in a forked copy of the kernel (copy-on-write:
+  the state as it is now), so the notebook goes on while the copy writes.
 - :func:`restore_env`, :func:`reimport`, :func:`restore` and :func:`apply_last`:
   the resume, in that order (see the runner's ``_restore``).
 
@@ -311,6 +313,91 @@ def snapshot(blob_dir: str) -> str:
             "seconds": time.perf_counter() - started,
         }
     )
+
+
+# -- background snapshots -----------------------------------------------------------------
+_children: set[int] = set()
+
+
+def _reap() -> None:
+    for pid in list(_children):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _children.discard(pid)
+
+
+def fork_unsafe() -> str:
+    """Why this kernel cannot be forked for a snapshot ("" when it can): a copy of a
+    process holding a GPU context, or threads the notebook started (they may hold locks
+    the copy would need, and do not exist in it), or a platform without fork."""
+    if not hasattr(os, "fork") or sys.platform == "win32":
+        return "this platform has no fork()"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_initialized():
+                return "the kernel holds a CUDA context (torch)"
+    for name, lib in (("cupy", "CuPy"), ("tensorflow", "TensorFlow")):
+        if name in sys.modules:
+            return f"{lib} is loaded in the kernel (a GPU runtime must not be forked)"
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    backends = getattr(bridge, "_backends", None) or {}
+    if any(name != "cpu" for name in backends):
+        return "the kernel holds a JAX accelerator backend"
+    threads = _threads()
+    if threads:
+        return f"threads started by the notebook are running ({', '.join(threads)})"
+    return ""
+
+
+def _die_with_parent() -> None:
+    """Linux: the copy dies when the kernel does (a lost node takes both)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def snapshot_fork(blob_dir: str, result_path: str) -> str:
+    """Fork the kernel; the copy writes the snapshot (as :func:`snapshot`) and its
+    manifest into ``result_path`` (atomically: complete or absent), then exits. Returns
+    ``{"pid", "pause"}`` at once, or ``{"unsafe": why}`` when it must not fork."""
+    _reap()
+    why = fork_unsafe()
+    if why:
+        return json.dumps({"unsafe": why})
+    parent = os.getpid()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the copy: write, and leave without running any of the kernel's code
+        code = 1
+        try:
+            import signal
+
+            _die_with_parent()
+            if os.getppid() != parent:
+                os._exit(1)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            sink = open(os.devnull, "w")  # noqa: SIM115 - the copy ends with os._exit
+            sys.stdout = sys.stderr = sink
+            try:
+                text = snapshot(blob_dir)
+            except BaseException as exc:  # reported to the runner
+                text = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]})
+            tmp = f"{result_path}.tmp"
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, result_path)
+            code = 0
+        finally:
+            os._exit(code)
+    _children.add(pid)
+    return json.dumps({"pid": pid, "pause": time.perf_counter() - t0})
 
 
 # -- restore ---------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""Background snapshots: written by a fork of the kernel while the notebook goes on.
+
+A kill while the copy writes loses only the records held behind it (their cells run
+again, files given back), never a committed cell; where forking is unsafe the snapshot is
+taken synchronously and the attempt record says why."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import psutil
+
+from .conftest import cells_committed, cli, start_cli, wait_for, write_notebook
+
+
+def _gate(path: Path) -> str:
+    return f"import os, time\nwhile not os.path.exists({str(path)!r}):\n    time.sleep(0.01)"
+
+
+def _writer(runner: psutil.Process) -> psutil.Process | None:
+    """The kernel's copy writing a snapshot: a child of the runner's kernel."""
+    for kernel in runner.children():
+        for child in kernel.children():
+            if child.status() != psutil.STATUS_ZOMBIE:  # an earlier copy, not yet reaped
+                return child
+    return None
+
+
+def test_kill_while_a_background_snapshot_is_written(tmp_path: Path) -> None:
+    release, go, side = tmp_path / "release", tmp_path / "go", tmp_path / "side.txt"
+    inside = tmp_path / "pickling"
+    cells = (
+        "import numpy as np\nstate = np.arange(2_000_000)",
+        # pickling this blocks until the test says: the copy is caught mid-write
+        "class Slow:\n    def __reduce__(self):\n"
+        f"        open({str(inside)!r}, 'w').close()\n"
+        + "\n".join("        " + line for line in _gate(release).splitlines())
+        + "\n        return (Slow, ())\n"
+        f"slow = Slow()\nwith open({str(side)!r}, 'a') as fh:\n    fh.write('cell 1\\n')",
+        _gate(go) + "\nstate = state + 1",
+        "print(int(state.sum()), open(" + repr(str(side)) + ").read().count('cell 1'))",
+    )
+    write_notebook(tmp_path / "nb.ipynb", *cells)
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=tmp_path,
+    )  # fmt: skip
+    runner = psutil.Process(proc.pid)
+    # cell 0 is committed (its snapshot is); cell 1's record waits for its own snapshot,
+    # which the kernel's copy is writing
+    wait_for(inside.exists, what="the kernel's copy pickling cell 1's state")
+    writer = wait_for(lambda: _writer(runner), what="the kernel's copy writing the snapshot")
+    assert cells_committed(tmp_path / "rd") == 1
+    # the node goes away: runner, kernel and the copy, without notice
+    everyone = [runner, *runner.children(recursive=True)]
+    assert writer in everyone
+    for p in everyone:
+        p.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    psutil.wait_procs(everyone, timeout=30)
+    snaps = sorted(p.name for p in (tmp_path / "rd" / "state" / "snap").iterdir())
+    assert len(snaps) == 1 and snaps[0].startswith("00000-"), snaps  # only cell 0's
+    release.touch()
+    go.touch()
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    status = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)
+    first, second = status["attempts"]
+    assert first["outcome"] == "killed" and second["resumed_from"] == 1
+    assert second["replayed"] == [] and second["background_snapshots"] >= 1
+    # cell 1 ran again, given back the file as it was before it first ran
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    assert "".join(out["cells"][3]["outputs"][0]["text"]) == f"{sum(range(1, 2_000_001))} 1\n"
+    assert side.read_text() == "cell 1\n"
+
+
+def test_unsafe_to_fork_falls_back_to_synchronous_and_says_why(tmp_path: Path) -> None:
+    write_notebook(
+        tmp_path / "t.ipynb",
+        "import threading\nstop = threading.Event()\n"
+        "threading.Thread(target=stop.wait, name='waiter', daemon=True).start()\nx = 1",
+        "y = x + 1",
+        "stop.set()\nz = y + 1",
+        "print(z)",
+    )
+    r = cli(
+        "run", "t.ipynb", "o.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    (attempt,) = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)["attempts"]
+    assert "threads started by the notebook are running (waiter)" in attempt["snapshots_sync"]
+    # once the thread is gone the next snapshot goes to the background again
+    assert attempt["background_snapshots"] == 1
+    assert len(list((tmp_path / "rd" / "state" / "snap").iterdir())) == 3
+    # --no-snapshot-background: every snapshot synchronous, none in the background
+    r = cli(
+        "run", "t.ipynb", "o2.ipynb", "--run-dir", "rd2", "--snapshot", "every-cell",
+        "--no-snapshot-background", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (attempt,) = json.loads(cli("status", "rd2", "--json", cwd=tmp_path).stdout)["attempts"]
+    assert "background_snapshots" not in attempt
+    assert len(list((tmp_path / "rd2" / "state" / "snap").iterdir())) == 3
