@@ -53,8 +53,8 @@ class Pending:
     started: float  # monotonic
     pause: float  # what it stopped the notebook for
     held: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    upload: asyncio.Task[None] | None = None  # object stores: its blobs on their way
-    manifest: dict[str, Any] | None = None
+    # commits it (and the held records) the moment it is complete, even mid-cell
+    task: asyncio.Task[None] | None = None
 
 
 def _alive(pid: int) -> bool:
@@ -79,6 +79,7 @@ class Snapshots:
         self.background = self.enabled and policy.background
         self.pending: Pending | None = None
         self.pauses: list[float] = []  # what each background snapshot stopped the notebook for
+        self._last_task: asyncio.Task[None] | None = None  # the latest, until settled
 
     def seed(self, doc: dict[str, Any]) -> None:
         """Take the restored snapshot's measured cost as the policy's first estimate, so a
@@ -225,7 +226,8 @@ class Snapshots:
             self._synchronous(answer["unsafe"])
             return False
         pause = time.monotonic() - m0
-        self.pending = Pending(index, int(answer["pid"]), path, m0, pause)
+        p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause)
+        p.task = self._last_task = asyncio.ensure_future(self._complete(p))
         self.pauses.append(pause)
         self.compute_since = 0.0
         rec = run.journal.attempt_rec
@@ -238,11 +240,6 @@ class Snapshots:
         if rec.get("snapshots_sync") != why:
             log.info("this snapshot is taken synchronously: %s", why)
             rec["snapshots_sync"] = why
-
-    def hold(self, index: int, record: dict[str, Any]) -> None:
-        """Keep a finished cell's record until the snapshot in the background commits."""
-        assert self.pending is not None
-        self.pending.held.append((index, record))
 
     def _finished(self, p: Pending) -> dict[str, Any] | None:
         """The copy's manifest (or ``{"error"}``), or None while it still writes."""
@@ -258,45 +255,28 @@ class Snapshots:
             # it ended: look once more (it may have renamed its file in between)
         return {"error": "the snapshot process ended without writing the snapshot"}
 
-    async def settle(self, *, wait: bool, deadline: float | None = None) -> None:
-        """Commit the background snapshot once it is complete, then the records held
-        behind it. ``wait``: until it is, or until ``deadline`` (monotonic), when it is
-        given up (the copy killed) and the held records are committed without it, as a
-        synchronous snapshot cut short by the notice leaves them."""
-        p = self.pending
-        if p is None:
-            return
-        journal = self.run.journal
-        while True:
-            if p.manifest is None:
-                found = self._finished(p)
-                if found is not None and "error" not in found and not self.run.store.local:
-                    p.manifest = found
-                    p.upload = asyncio.ensure_future(
-                        asyncio.to_thread(self._upload, found["new_blobs"])
-                    )
-                elif found is not None:
-                    p.manifest = found
-            ready = p.manifest is not None and (p.upload is None or p.upload.done())
-            if ready or not wait:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.005)
-        if not ready:
-            if not wait:
-                return
-            self._give_up(p)
-            self._release(p)
-            return
-        self.pending = None
-        assert p.manifest is not None
+    async def _complete(self, p: Pending) -> None:
+        """Wait for the copy, upload its blobs (object stores), commit its manifest and
+        the records held behind it. Runs beside the cells."""
+        while (found := self._finished(p)) is None:
+            await asyncio.sleep(0.01)
         try:
-            if p.upload is not None:
-                p.upload.result()
-            if "error" in p.manifest:
-                raise RuntimeError(p.manifest["error"])
-            self._commit(p.index, p.manifest, p.pause)
+            if "error" in found:
+                raise RuntimeError(found["error"])
+            if not self.run.store.local:
+                await asyncio.to_thread(self._upload, found["new_blobs"])
+            self._commit(p.index, found, p.pause)
+        except (OSError, StorageError) as exc:
+            self.pending = None  # the held records are not committed: their cells rerun
+            raise self._unwritable(p.index, exc) from None
+        except RuntimeError as exc:
+            if _storage_failure(exc):
+                self.pending = None
+                raise self._unwritable(p.index, exc) from None
+            reason = f"the snapshot after cell {p.index} failed in the kernel ({exc})"
+            self.run.journal.attempt_rec["snapshots_off"] = reason
+            self.off(reason)
+        else:
             self.cost = p.pause  # what the notebook waited for it
             self._taken += 1
             log.debug(
@@ -305,26 +285,48 @@ class Snapshots:
                 p.pause,
                 time.monotonic() - p.started,
             )
-        except (OSError, StorageError) as exc:
-            raise StorageError(
-                f"the snapshot after cell {p.index} could not be written ({exc}); progress "
-                f"up to cell {p.index - 1} is saved. Free space in (or restore access to) "
-                f"the run store, then `spotbook resume {self.run.store.url}`"
-            ) from None
-        except RuntimeError as exc:
-            if _storage_failure(exc):
-                raise StorageError(
-                    f"the snapshot after cell {p.index} could not be written ({exc}); "
-                    f"progress up to cell {p.index - 1} is saved. Free space in (or restore "
-                    f"access to) the run store, then `spotbook resume {self.run.store.url}`"
-                ) from None
-            reason = f"the snapshot after cell {p.index} failed in the kernel ({exc})"
-            journal.attempt_rec["snapshots_off"] = reason
-            self.off(reason)
         self._release(p)
 
+    def _unwritable(self, index: int, exc: BaseException) -> StorageError:
+        return StorageError(
+            f"the snapshot after cell {index} could not be written ({exc}); progress up to "
+            f"cell {index - 1} is saved. Free space in (or restore access to) the run store, "
+            f"then `spotbook resume {self.run.store.url}`"
+        )
+
+    def hold(self, index: int, record: dict[str, Any]) -> None:
+        """Keep a finished cell's record until the snapshot in the background commits
+        (at once, if it already has)."""
+        if self.pending is None:
+            self.run.journal.commit(index, record)
+        else:
+            self.pending.held.append((index, record))
+
+    async def settle(self, *, wait: bool, deadline: float | None = None) -> None:
+        """Raise what the background snapshot met, once it has finished. ``wait``: until
+        it has, or until ``deadline`` (monotonic), when it is given up (the copy killed)
+        and the held records are committed without it, as a synchronous snapshot cut
+        short by the notice leaves them."""
+        p = self.pending
+        task = p.task if p is not None else self._last_task
+        if task is None:
+            return
+        if not task.done() and wait:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait({task}, timeout=timeout)
+        if not task.done():
+            if wait and p is not None:
+                task.cancel()
+                self._give_up(p)
+                self._release(p)
+                self._last_task = None
+            return
+        self._last_task = None
+        task.result()  # what it met: a StorageError stops the run
+
     def _release(self, p: Pending) -> None:
-        self.pending = None
+        if self.pending is p:
+            self.pending = None
         for index, record in p.held:
             self.run.journal.commit(index, record)
         p.held.clear()
@@ -332,8 +334,6 @@ class Snapshots:
     def _give_up(self, p: Pending) -> None:
         with contextlib.suppress(OSError):
             os.kill(p.pid, signal.SIGKILL)
-        if p.upload is not None:
-            p.upload.cancel()
         log.warning(
             "the snapshot after cell %d did not finish in time; a resume replays from the "
             "one before",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import io
+import mmap
 import os
 import pickle
 import random
@@ -346,6 +347,59 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
+# Large buffers move in pieces, several at a time: hashlib and os.pwrite/preadv release the
+# GIL, so the pieces' hashing and writing run on every core. The threads are started and
+# joined within each call, none outlives it, so the kernel stays safe to fork.
+CHUNK = 32 << 20
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
+_TREE = b"spotbook sha256 of 32 MiB pieces\n"
+# blobs this large are mapped (private, copy-on-write), not copied into memory
+MAP_AT = 1 << 20
+
+
+def _pieces(size: int, work: Callable[[int], None]) -> None:
+    """``work(offset)`` for each CHUNK of ``size`` bytes, on up to _WORKERS threads."""
+    offsets = iter(range(0, size, CHUNK))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        while not errors:
+            with lock:
+                at = next(offsets, None)
+            if at is None:
+                return
+            try:
+                work(at)
+            except BaseException as exc:  # re-raised in the caller
+                errors.append(exc)
+
+    n = min(_WORKERS, -(-size // CHUNK))
+    threads = [threading.Thread(target=run, name="spotbook-io", daemon=True) for _ in range(n - 1)]
+    for t in threads:
+        t.start()
+    run()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def digest_of(view: memoryview) -> str:
+    """A blob's name: its sha256; for a buffer of two pieces or more, ``t`` and the sha256
+    of its pieces' sha256s (hashed in parallel)."""
+    size = view.nbytes
+    if size < 2 * CHUNK:
+        return hashlib.sha256(view).hexdigest()
+    parts: dict[int, bytes] = {}
+
+    def one(at: int) -> None:
+        parts[at] = hashlib.sha256(view[at : at + CHUNK]).digest()
+
+    _pieces(size, one)
+    return "t" + hashlib.sha256(_TREE + b"".join(parts[k] for k in sorted(parts))).hexdigest()
+
+
 class Blobs:
     """A directory of content-addressed blob files (the store's, or a staging copy)."""
 
@@ -360,15 +414,18 @@ class Blobs:
     def put(self, data: Any) -> str:
         """Store ``data`` (bytes or a contiguous buffer); return its sha256."""
         view = memoryview(data).cast("B")
-        digest = hashlib.sha256(view).hexdigest()
+        digest = digest_of(view)
         path = self.path(digest)
         if not os.path.exists(path):
             _private_dirs(self.dir)
             tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                with open(fd, "wb") as fh:
-                    fh.write(view)  # the buffer itself: no copy
+                try:
+                    # the buffer itself, piece by piece in parallel: no copy
+                    _pieces(view.nbytes, lambda at: _pwrite_all(fd, view[at : at + CHUNK], at))
+                finally:
+                    os.close(fd)
                 os.replace(tmp, path)
             except BaseException:
                 if os.path.exists(tmp):
@@ -378,14 +435,40 @@ class Blobs:
             self.written += view.nbytes
         return digest
 
-    def get(self, digest: str) -> bytearray:
-        """A blob's bytes, checked against its name before anyone unpickles them."""
+    def get(self, digest: str) -> bytearray | mmap.mmap:
+        """A blob's bytes, checked against its name before anyone unpickles them. A large
+        one is mapped, privately: arrays rebuilt on it use the page cache's pages until
+        they are written to (copy on write), and the file is never changed through it.
+        Blob files are only ever replaced whole (written aside, then renamed), so a
+        mapping never sees one change or shrink."""
         with open(self.path(digest), "rb") as fh:
-            data = bytearray(os.fstat(fh.fileno()).st_size)
-            fh.readinto(data)
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise IntegrityError(f"blob {digest[:12]}… does not match its hash")
+            size = os.fstat(fh.fileno()).st_size
+            data: bytearray | mmap.mmap
+            if size >= MAP_AT and hasattr(mmap, "MAP_PRIVATE"):
+                data = mmap.mmap(
+                    fh.fileno(),
+                    size,
+                    flags=mmap.MAP_PRIVATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+            else:
+                data = bytearray(size)
+                fh.readinto(data)
+        view = memoryview(data)
+        try:
+            # a name without the ``t``: a plain sha256 (so blobs of older versions load)
+            found = digest_of(view) if digest.startswith("t") else hashlib.sha256(view).hexdigest()
+            if found != digest:
+                raise IntegrityError(f"blob {digest[:12]}… does not match its hash")
+        finally:
+            view.release()
         return data
+
+
+def _pwrite_all(fd: int, view: memoryview, at: int) -> None:
+    while view.nbytes:
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
 
 
 def _private_dirs(path: str) -> None:
