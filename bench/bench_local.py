@@ -28,6 +28,9 @@ CASES = {
     "1 cell": ["x = 1"],
     "100 trivial cells": [f"x = {i}" for i in range(100)],
     "1000 trivial cells": [f"x = {i}" for i in range(1000)],
+    # each cell binds one more variable: what the runner does per cell must not grow
+    "1000 cells binding a variable each": [f"x{i} = {i}" for i in range(1000)],
+    "4000 cells binding a variable each": [f"x{i} = {i}" for i in range(4000)],
     "20 cells x 100 KB output": ["print('x' * 102_399)"] * 20,
 }
 

@@ -132,20 +132,28 @@ def snapshot_overhead(work: Path) -> None:
 def _overhead(work: Path, label: str, cells: list[str]) -> None:
     nb = write_notebook(work / "heavy.ipynb", cells)
     times = {}
-    for mode in ("off", "auto", "every-cell"):
-        times[mode] = _run(
-            ["run", str(nb), "--run-dir", str(work / f"h-{mode}"), "--snapshot", mode], work
-        )
+    # background snapshots (the default) and synchronous ones, on the same notebook
+    modes = {
+        "off": ["--snapshot", "off"],
+        "auto": ["--snapshot", "auto"],
+        "every-cell": ["--snapshot", "every-cell"],
+        "auto sync": ["--snapshot", "auto", "--no-snapshot-background"],
+        "every-cell sync": ["--snapshot", "every-cell", "--no-snapshot-background"],
+    }
+    for mode, flags in modes.items():
+        rd = work / f"h-{mode.replace(' ', '-')}"
+        times[mode] = _run(["run", str(nb), "--run-dir", str(rd), *flags], work)
     print(f"\n2. snapshot overhead, {label}")
     for mode, t in times.items():
         overhead = 100 * (t / times["off"] - 1)
-        snap_dir = work / f"h-{mode}" / "state" / "snap"
+        rd = work / f"h-{mode.replace(' ', '-')}"
+        snap_dir = rd / "state" / "snap"
         taken = len(os.listdir(snap_dir)) if snap_dir.is_dir() else 0
         print(
-            f"   --snapshot {mode:<11} {t:6.2f} s   overhead {overhead:5.1f}%   "
+            f"   --snapshot {mode:<16} {t:6.2f} s   overhead {overhead:5.1f}%   "
             f"snapshots taken {taken}"
         )
-        shutil.rmtree(work / f"h-{mode}")
+        shutil.rmtree(rd)
 
 
 def _restore_speed(work: Path) -> None:
@@ -223,8 +231,19 @@ def trivial_cells(work: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-trivial", action="store_true")
+    ap.add_argument("--only-overhead", action="store_true", help="section 2 alone")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-resume-"))
+    if args.only_overhead:
+        try:
+            for label, cells in (
+                ("~400 MB of arrays over 7 cells (~12 s of compute)", HEAVY),
+                ("100 MB updated by each of 10 cells (~20 s of compute)", MEDIUM),
+            ):
+                _overhead(work, label, cells)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         resume_vs_rerun(work)
         snapshot_overhead(work)

@@ -311,9 +311,11 @@ class Journal:
         widgets = session.widget_state() if session is not None else None
         if widgets:  # as nbclient writes it: the widgets' state, for renderers
             nb.metadata["widgets"] = widgets
-        data = nbs.dumps(nb).encode()
+        to_output = final if to_output is None else to_output
+        # what a user opens is indented as nbformat writes it; refreshes are compact
+        data = nbs.dumps(nb, pretty=to_output or final).encode()
         self.store.write("output.ipynb", data)
-        if (final if to_output is None else to_output) and self.spec.output:
+        if to_output and self.spec.output:
             from ..store.runstore import write_url
 
             write_url(self.spec.output, data)

@@ -76,6 +76,11 @@ def std_stream(name: str) -> Any:
     return getattr(sys, name)
 
 
+# set once the notebook holds a file open for writing (opened by a cell, or reopened by a
+# restore): before the kernel forks for a snapshot, such files are flushed
+WRITING_FILES: list[bool] = []
+
+
 def reopen(
     path: str,
     mode: str,
@@ -95,6 +100,7 @@ def reopen(
         handle.close()
         return handle
     if writing:
+        WRITING_FILES.append(True)
         flags = os.O_CREAT | (os.O_RDWR if "+" in mode else os.O_WRONLY)
         if "a" in mode:
             flags |= os.O_APPEND

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import process_state
 from .pickling import (
+    WRITING_FILES,
     Blobs,
     IntegrityError,
     SetInOrder,
@@ -154,6 +155,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
                 else bool(isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR))
             )
             where = _path(path) if writing else None
+            if writing:
+                WRITING_FILES.append(True)
             if where:
                 _note("writes", where)
                 if where not in _undo:
@@ -317,6 +320,24 @@ def snapshot(blob_dir: str) -> str:
 
 # -- background snapshots -----------------------------------------------------------------
 _children: set[int] = set()
+_FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+
+
+def _flush_open_files() -> None:
+    """Flush every open file object that writes, here in the kernel, before it forks:
+    the copy saves a file by flushing it, and what it flushed the kernel would flush
+    again (they share the descriptor), writing it twice. Only where the notebook ever
+    opened a file for writing (looking costs a walk over the heap's objects)."""
+    if not WRITING_FILES:
+        return
+    import gc
+
+    kinds = set(_FILE_TYPES)
+    for obj in gc.get_objects():
+        if type(obj) in kinds:
+            with contextlib.suppress(Exception):
+                if not obj.closed and obj.writable():
+                    obj.flush()
 
 
 def _reap() -> None:
@@ -372,6 +393,12 @@ def snapshot_fork(blob_dir: str, result_path: str) -> str:
         return json.dumps({"unsafe": why})
     parent = os.getpid()
     t0 = time.perf_counter()
+    _flush_open_files()
+    import random
+
+    # random's global generator is reseeded in a forked child (os.register_at_fork):
+    # the copy must save the kernel's, not its own
+    seed_state = random.getstate()
     pid = os.fork()
     if pid == 0:  # the copy: write, and leave without running any of the kernel's code
         code = 1
@@ -383,8 +410,8 @@ def snapshot_fork(blob_dir: str, result_path: str) -> str:
                 os._exit(1)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
-            sink = open(os.devnull, "w")  # noqa: SIM115 - the copy ends with os._exit
-            sys.stdout = sys.stderr = sink
+            random.setstate(seed_state)
+            # sys.stdout/stderr stay as they are: the snapshot saves them by identity
             try:
                 text = snapshot(blob_dir)
             except BaseException as exc:  # reported to the runner

@@ -186,8 +186,22 @@ def inject_parameters(
     return nb
 
 
-def dumps(nb: Notebook) -> str:
-    """Serialise without nbformat's validation and deep copy (they cost O(notebook))."""
+def _shallow(nb: Notebook) -> Notebook:
+    """A copy of ``nb`` whose own dict, metadata, cell list, cells and cells' metadata
+    may be changed without touching ``nb``; everything below them is shared."""
+    node = nbformat.NotebookNode
+    out = node(nb)
+    out.metadata = node(nb.metadata)
+    out.cells = [node({**c, "metadata": node(c.get("metadata") or {})}) for c in nb.cells]
+    return out
+
+
+def dumps(nb: Notebook, pretty: bool = True) -> str:
+    """Serialise without nbformat's validation and deep copy (they cost O(notebook)).
+    ``pretty``: as nbformat writes files (indented, so Python's slower encoder); else
+    compact, for the store's refreshes nobody diffs."""
+    if not pretty:
+        return json.dumps(nb, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n"
     return json.dumps(nb, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
 
 
@@ -230,8 +244,11 @@ def assemble(
     cells without a record are cleared and marked pending (or running), and markdown cells
     the run got past are completed. A failed cell gets papermill's banner at the top and
     its anchor just before the cell.
+
+    ``nb`` is not changed, and the result shares what it does not change with ``nb`` and
+    ``records`` (a refresh costs no deep copy of the notebook): it is for writing out.
     """
-    out = copy.deepcopy(nb)
+    out = _shallow(nb)
     failed: tuple[int, Mapping[str, Any]] | None = None
     # the first code cell the run has not finished: the cells before it are done
     frontier = next(
