@@ -81,6 +81,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="skip the 1000-cell case")
     ap.add_argument("--only", help="run only the case whose name starts with this")
     ap.add_argument("--baseline", metavar="REV", help="also run spotbook at this commit")
+    ap.add_argument(
+        "--no-papermill-save",
+        action="store_true",
+        help="leave out papermill with its default saving (minutes on thousands of cells)",
+    )
     args = ap.parse_args()
     rows = []
     for case, sources in CASES.items():
@@ -90,6 +95,8 @@ def main() -> None:
         nb = write_notebook(work / "in.ipynb", sources)
         # tools take turns within each repetition, so drifts in machine speed hit all alike
         runs = tools(nb, work / "out.ipynb", work)
+        if args.no_papermill_save:
+            del runs["papermill"]
         envs: dict[str, dict[str, str]] = {}
         if args.baseline:
             name = f"spotbook@{args.baseline}"
