@@ -53,6 +53,9 @@ class Profile:
     # the auto policy's first snapshot of a run waits for this much compute (its cost is
     # estimated from the state's size until one is measured)
     first_snapshot_after: float | None = None
+    # background snapshots: after the pause (snapshot_seconds) the copy writes this long
+    # while the cells go on; it is lost if a preemption comes first
+    write_seconds: float = 0.0
 
     @property
     def compute(self) -> float:
@@ -81,11 +84,14 @@ def profile_from_run(store: RunStore) -> Profile:
     cells = tuple(float(records[i].get("duration") or 0.0) for i in sorted(records))
     costs = []  # what each snapshot stopped the notebook for
     writes = []  # what writing each took (the same for a synchronous one)
+    background = []  # of those, written in the background while the cells went on
     for key in store.snapshot_keys().values():
         doc = store.read_snapshot(key) or {}
         if doc.get("kernel_seconds") is not None:
             writes.append(float(doc["kernel_seconds"]))
             costs.append(float(doc.get("pause_seconds", doc["kernel_seconds"])))
+            if doc.get("pause_seconds") is not None:
+                background.append(float(doc["kernel_seconds"]))
     attempts = describe(store)["attempts"]
     kernels = [float(a["kernel_start_seconds"]) for a in attempts if a.get("kernel_start_seconds")]
     restores = [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
@@ -132,6 +138,7 @@ def profile_from_run(store: RunStore) -> Profile:
         kernel_seconds=kernel,
         finish_seconds=max(float(last.get("ended") or last_cell) - last_cell, 0.0),
         first_snapshot_after=first_after,
+        write_seconds=statistics.mean(background) if background else 0.0,
     )
 
 
@@ -187,23 +194,48 @@ def run_once(
             out.preemptions += 1
             out.finish += delay
             continue
-        i, since, cut = saved, 0.0, False
+        # since: compute since the last committed snapshot (a preemption loses it);
+        # fresh: since the last one taken (the policy's clock)
+        i, since, fresh, cut = saved, 0.0, 0.0, False
+        pend: tuple[int, float, float] | None = None  # a background one: saves, commits at, covers
+
+        def landed() -> None:
+            nonlocal saved, since, pend
+            if pend is not None and out.billed >= pend[1]:  # it committed before now
+                saved, since, pend = pend[0], since - pend[2], None
+
         while i < len(cells):
             part = spend(cells[i])
+            landed()
             due = (first_interval if taken == 0 and first_interval else interval) or 0.0
-            if part is None and snapshots and i + 1 < len(cells) and since + cells[i] >= due:
-                cut_short = spend(profile.snapshot_seconds)
+            if part is None and snapshots and i + 1 < len(cells) and fresh + cells[i] >= due:
+                cut_short = None
+                if pend is not None:  # one at a time: the cells wait for the one being written
+                    cut_short = spend(max(pend[1] - out.billed, 0.0))
+                    landed()
+                if cut_short is None:
+                    cut_short = spend(profile.snapshot_seconds)
                 if cut_short is not None:  # the snapshot did not finish: the cell's work is lost
                     part = cells[i] + cut_short
+                elif profile.write_seconds > 0:
+                    since += cells[i]
+                    pend = (i + 1, out.billed + profile.write_seconds, since)
+                    fresh, i, taken = 0.0, i + 1, taken + 1
+                    continue
                 else:
-                    saved, since, i, taken = i + 1, 0.0, i + 1, taken + 1
+                    saved, since, fresh, i, taken = i + 1, 0.0, 0.0, i + 1, taken + 1
                     continue
             if part is not None:
                 out.lost += since + part
                 cut = True
                 break
             since += cells[i]
+            fresh += cells[i]
             i += 1
+        # the end waits for the last one being written
+        if not cut and pend is not None and spend(max(pend[1] - out.billed, 0.0)) is not None:
+            out.lost += since
+            cut = True
         if not cut:
             if spend(profile.finish_seconds) is None:
                 break
