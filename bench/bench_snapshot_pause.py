@@ -4,7 +4,9 @@ against synchronous (``--no-snapshot-background``), at several sizes of state, i
     .venv/bin/python bench/bench_snapshot_pause.py [--sizes 0.1,1,4] [--dir DIR]
 
 The notebook builds N GB of numpy arrays, then runs 3 cells that each change every array
-a little (so every snapshot writes all of it) and sleep 0.5 s; ``--snapshot every-cell``.
+a little (so every snapshot writes all of it) and sleep long enough for a background
+snapshot to be written (4 s per GiB); ``--snapshot every-cell``. Each snapshot's own
+writing time (``kernel_seconds`` of its manifest) is reported beside.
 The pause after a cell is the time from its record's end to the next cell's start (what
 the runner spent between them, snapshot included), read from the run store's records.
 """
@@ -34,7 +36,9 @@ def cells(gib: float) -> list[str]:
         "import numpy as np, time\nrng = np.random.default_rng(0)\n"
         f"arrays = [rng.random({n}) for _ in range({parts})]"
     )
-    step = "for a in arrays:\n    a[:512] += 1.0\ntime.sleep(0.5)"
+    # each step outlasts the writing of a snapshot (about 1 s per GiB here), so what is
+    # measured is the pause itself, not a wait for the one before
+    step = f"for a in arrays:\n    a[:512] += 1.0\ntime.sleep({max(0.5, 4.0 * gib):.1f})"
     return [build, step, step, step, "print(sum(float(a[0]) for a in arrays))"]
 
 
@@ -67,7 +71,11 @@ def main() -> None:
                 )  # fmt: skip
                 store = RunStore(str(rd))
                 (attempt,) = store.attempts()
-                got[mode] = (pauses(store), attempt)
+                writes = [
+                    float((store.read_snapshot(k) or {}).get("kernel_seconds") or 0.0)
+                    for k in store.snapshot_keys().values()
+                ]
+                got[mode] = (pauses(store), attempt, writes)
                 shutil.rmtree(rd)
             bg, sync = got["background"], got["synchronous"]
             rows.append((gib, bg, sync))
@@ -76,7 +84,9 @@ def main() -> None:
                 f"max {max(bg[0]) * 1e3:7.1f} ms (in the kernel: fork "
                 f"{bg[1].get('snapshot_pause_max', 0) * 1e3:.1f} ms max); synchronous median "
                 f"{statistics.median(sync[0]) * 1e3:8.1f} ms; ratio "
-                f"{statistics.median(bg[0]) / statistics.median(sync[0]):.3f}",
+                f"{statistics.median(bg[0]) / statistics.median(sync[0]):.3f}; writing "
+                f"{statistics.median(bg[2]):.2f} s in the background, "
+                f"{statistics.median(sync[2]):.2f} s synchronously",
                 flush=True,
             )
     finally:
