@@ -350,6 +350,9 @@ def _reap() -> None:
             _children.discard(pid)
 
 
+_NATIVE_POOLS = ("torch", "jax", "polars", "lightgbm", "xgboost", "duckdb", "catboost")
+
+
 def fork_unsafe() -> str:
     """Why this kernel cannot be forked for a snapshot ("" when it can): a copy of a
     process holding a GPU context, or threads the notebook started (they may hold locks
@@ -368,6 +371,11 @@ def fork_unsafe() -> str:
     backends = getattr(bridge, "_backends", None) or {}
     if any(name != "cpu" for name in backends):
         return "the kernel holds a JAX accelerator backend"
+    # native thread pools that a forked copy does not get, and may wait on forever while
+    # it pickles their objects (seen with these in the object-class table)
+    for name in _NATIVE_POOLS:
+        if name in sys.modules:
+            return f"{name} is loaded in the kernel (its native thread pool does not survive fork)"
     threads = _threads()
     if threads:
         return f"threads started by the notebook are running ({', '.join(threads)})"
