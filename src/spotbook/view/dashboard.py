@@ -19,7 +19,6 @@ import hmac
 import ipaddress
 import secrets
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +321,3 @@ def serve(
     if token:
         url += f"?token={token}"
     return Served(url=url, server=server)
-
-
-Say = Callable[[str], None]
