@@ -103,3 +103,32 @@ def test_unsafe_to_fork_falls_back_to_synchronous_and_says_why(tmp_path: Path) -
     (attempt,) = json.loads(cli("status", "rd2", "--json", cwd=tmp_path).stdout)["attempts"]
     assert "background_snapshots" not in attempt
     assert len(list((tmp_path / "rd2" / "state" / "snap").iterdir())) == 3
+
+
+def test_a_display_updated_while_its_cells_record_waits_for_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    """Cell 0's record is held behind its snapshot, whose copy cannot finish before cell 2
+    runs, and cell 1 (no snapshot due after it) updates cell 0's display: the update must
+    reach the record that waits, not be lost when it is committed."""
+    release = tmp_path / "release"
+    write_notebook(
+        tmp_path / "d.ipynb",
+        "import time\nfrom IPython.display import display\n"
+        "class Slow:\n    def __reduce__(self):\n"
+        + "\n".join("        " + line for line in _gate(release).splitlines())
+        + "\n        return (Slow, ())\n"
+        "slow = Slow()\nhandle = display('first', display_id='d')\ntime.sleep(0.6)",
+        "handle.update('second')",
+        f"open({str(release)!r}, 'w').close()",
+        "x = 1",
+    )
+    r = cli(
+        "run", "d.ipynb", "o.ipynb", "--run-dir", "rd", "--snapshot", "auto",
+        "--snapshot-interval", "0.5", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (attempt,) = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)["attempts"]
+    assert attempt["background_snapshots"] == 1
+    out = json.loads((tmp_path / "o.ipynb").read_text())
+    assert out["cells"][0]["outputs"][0]["data"]["text/plain"] == "'second'"

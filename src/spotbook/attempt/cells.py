@@ -149,7 +149,7 @@ class CellLoop:
                 journal.commit(index, record)
             else:
                 journal.commit(index, record)
-            journal.recommit_updated_displays(index, run.session)
+            journal.recommit_updated_displays(index, run.session, snaps.held())
             if bar is not None:
                 bar.advance(len(run.nb.cells) if index == last else index + 1)
             if status is CellStatus.FAILED:

@@ -239,15 +239,25 @@ class Journal:
         self.store.write_cell(index, self.attempt, record)
         self.records[index] = record
 
-    def recommit_updated_displays(self, index: int, session: KernelSession) -> None:
-        """A cell may update a display an earlier cell made (display_id): re-record it."""
+    def recommit_updated_displays(
+        self, index: int, session: KernelSession, held: dict[int, dict[str, Any]]
+    ) -> None:
+        """A cell may update a display an earlier cell made (display_id): re-record it.
+        ``held``: records not yet committed (behind a snapshot in the background); those
+        are updated where they wait, and committed as they now are."""
         for earlier in sorted(session.take_touched(index)):
-            rec = self.records.get(earlier)
-            if rec is not None:
-                outputs = list(self.nb.cells[earlier].get("outputs", []))
-                updated = {**rec, "outputs": self.cap(earlier, outputs)}
-                if earlier in self._spilled:
-                    updated["spilled"] = self._spilled.pop(earlier)
+            waiting = held.get(earlier)
+            rec = waiting if waiting is not None else self.records.get(earlier)
+            if rec is None:
+                continue
+            outputs = list(self.nb.cells[earlier].get("outputs", []))
+            updated = {**rec, "outputs": self.cap(earlier, outputs)}
+            if earlier in self._spilled:
+                updated["spilled"] = self._spilled.pop(earlier)
+            if waiting is not None:
+                waiting.clear()
+                waiting.update(updated)
+            else:
                 self.commit(earlier, updated)
 
     def commit_failure(self, index: int, t0: float, ename: str, evalue: str) -> None:

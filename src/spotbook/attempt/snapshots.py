@@ -302,6 +302,10 @@ class Snapshots:
         else:
             self.pending.held.append((index, record))
 
+    def held(self) -> dict[int, dict[str, Any]]:
+        """The records waiting for the snapshot in the background, by cell."""
+        return {} if self.pending is None else dict(self.pending.held)
+
     async def settle(self, *, wait: bool, deadline: float | None = None) -> None:
         """Raise what the background snapshot met, once it has finished. ``wait``: until
         it has, or until ``deadline`` (monotonic), when it is given up (the copy killed)
