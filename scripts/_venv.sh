@@ -34,5 +34,8 @@ quiet() { grep -v "^WARNING: Location" || true; }
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | quiet
 .venv/bin/python -m pip install -q -e ".${1:-}" 2>&1 | quiet
 .venv/bin/python -c "import spotbook" || { echo "installing spotbook failed (see above)" >&2; exit 2; }
+# Bytecode for the sources the editable install runs from (pip compiles what it installs,
+# not these): where PYTHONDONTWRITEBYTECODE is set, every start would compile them again
+.venv/bin/python -m compileall -q src >/dev/null || true
 rm -f .venv-error.txt
 export PATH="$PWD/.venv/bin:$PATH"

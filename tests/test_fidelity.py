@@ -202,7 +202,10 @@ def _fallback_notebook(work: Path) -> None:
 
 def test_state_that_cannot_be_rebuilt_falls_back_to_a_fresh_run(work: Path) -> None:
     _fallback_notebook(work)
-    proc = start_cli("run", "fb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    # a snapshot after cell 1 (its socket cannot be pickled: cell 0 must be replayed)
+    proc = start_cli(
+        "run", "fb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )  # fmt: skip
     wait_for(lambda: len(Place("local", "rd", str(work / "rd"), {}).store().cell_records()) >= 2)
     kill(proc)
     # cell 0 writes runs.txt: replaying it could differ, so a strict resume refuses
@@ -361,3 +364,21 @@ def test_torch_generator_and_defaults_come_back(work: Path) -> None:
         load(work / "out.ipynb")["cells"][2]["outputs"]
         == load(work / "ref.ipynb")["cells"][2]["outputs"]
     )
+
+
+def test_a_replayed_first_cell_is_not_said_to_write_a_file_it_never_wrote(work: Path) -> None:
+    """Python probes its temporary directory with a file it writes and removes on first
+    use, which ipykernel makes during the first cell: that is not the cell's doing, and
+    a strict resume that replays the cell must not refuse over it."""
+    from .conftest import write_notebook
+
+    write_notebook(work / "t0.ipynb", "x = 1", "import time\ntime.sleep(3)", "print(x)")
+    proc = start_cli("run", "t0.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    wait_for(lambda: len(Place("local", "rd", str(work / "rd"), {}).store().cell_records()) >= 1)
+    kill(proc)
+    r = cli("resume", "rd", "--strict-resume", cwd=work)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
+    last = doc["attempts"][-1]
+    assert last["replayed"] == [0]
+    assert last["fidelity"]["exact"] and last["fidelity"]["may_differ"] == [], last["fidelity"]

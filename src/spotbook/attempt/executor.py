@@ -14,6 +14,9 @@ import ast
 import asyncio
 import contextlib
 import copy
+import datetime
+import hmac
+import json
 import logging
 import os
 import shutil
@@ -23,9 +26,15 @@ from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any
 
+import zmq
+import zmq.asyncio
+from jupyter_client.adapter import adapt
+from jupyter_client.jsonutil import parse_date
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client.session import DELIM
 from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
+from nbclient.client import timestamp
+from nbclient.exceptions import CellExecutionComplete
 
 from .._errors import KernelNotFoundError, StorageError
 
@@ -52,6 +61,7 @@ class CellResult:
     error: dict[str, Any] | None = None  # ename, evalue, traceback (a list of lines)
     allowed_error: bool = False
     reply: dict[str, Any] = field(default_factory=dict)
+    reply_metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class _Client(NotebookClient):
@@ -128,6 +138,87 @@ def _repoll(channel: Any) -> None:
     channel.get_msg = get_msg
 
 
+def _date(header: dict[str, Any]) -> dict[str, Any]:
+    """A header's ISO 8601 ``date`` as a datetime, as jupyter_client gives it (its own
+    parser, dateutil's, costs more than the rest of decoding a message)."""
+    value = header.get("date")
+    if isinstance(value, str):
+        try:
+            header["date"] = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            header["date"] = parse_date(value)
+    return header
+
+
+class _Wire:
+    """The shell and IOPub sockets of a kernel client, read without waiting.
+
+    A cell's messages are read here rather than by nbclient's loop (three tasks, a timer
+    and a wait per cell, on top of jupyter_client's decoding): one poll of both sockets,
+    then every message either holds is taken at once. The sockets are edge-triggered, so
+    a wake-up can be missed under load; a poll never waits longer than ``REPOLL`` before
+    the sockets are read again, which finds what such a wake-up missed.
+    """
+
+    def __init__(self, kc: Any) -> None:
+        self.session = kc.session
+        self.shell: zmq.Socket[bytes] = zmq.Socket.shadow(kc.shell_channel.socket.underlying)
+        self.iopub: zmq.Socket[bytes] = zmq.Socket.shadow(kc.iopub_channel.socket.underlying)
+        self.poller = zmq.asyncio.Poller()
+        self.poller.register(kc.shell_channel.socket, zmq.POLLIN)
+        self.poller.register(kc.iopub_channel.socket, zmq.POLLIN)
+
+    def take(self, sock: zmq.Socket[bytes]) -> dict[str, Any] | None:
+        """The next message on ``sock``, decoded and its signature checked, or None."""
+        try:
+            parts = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return self.decode(parts)
+
+    def decode(self, parts: list[bytes]) -> dict[str, Any]:
+        """jupyter_client's ``Session.deserialize``: signature (and replay) check, the
+        four JSON frames, the header dates, the protocol adaptation."""
+        session = self.session
+        parts = parts[parts.index(DELIM) + 1 :]
+        if len(parts) < 5:
+            raise ValueError(f"malformed kernel message: {len(parts)} frames")
+        if session.auth is not None:
+            signature = parts[0]
+            if signature in session.digest_history:
+                raise ValueError(f"duplicate signature on a kernel message: {signature!r}")
+            digest = session.auth.copy()
+            for frame in parts[1:5]:
+                digest.update(frame)
+            if not hmac.compare_digest(signature, digest.hexdigest().encode()):
+                raise ValueError(f"invalid signature on a kernel message: {signature!r}")
+            session._add_digest(signature)
+        header = _date(json.loads(parts[1]))
+        msg = {
+            "header": header,
+            "msg_id": header["msg_id"],
+            "msg_type": header["msg_type"],
+            "parent_header": _date(json.loads(parts[2])),
+            "metadata": json.loads(parts[3]),
+            "content": json.loads(parts[4]),
+            "buffers": [memoryview(b) for b in parts[5:]],
+        }
+        result: dict[str, Any] = adapt(msg)
+        return result
+
+
+_TIMING = ("iopub.status.busy", "iopub.execute_input", "shell.execute_reply", "iopub.status.idle")
+
+
+def _timing_in_order(cell: Any) -> None:
+    """The cell's timing metadata in the order the kernel sends them, whichever of its
+    two sockets was read first (a notebook's bytes should not depend on that)."""
+    timing = cell.metadata["execution"]
+    ordered = {k: timing[k] for k in _TIMING if k in timing}
+    ordered.update(timing)
+    cell.metadata["execution"] = ordered
+
+
 class KernelSession:
     """A started kernel and a client to it."""
 
@@ -152,18 +243,14 @@ class KernelSession:
         )
         self._client.on_output = on_output
         self._client.touched = set()
-        self._client.on_cell_executed = self._on_executed
+        self._wire: _Wire | None = None
         self._kernel_name = kernel_name
         self._cwd = cwd
         self._env = env
-        self._last_reply: dict[str, Any] = {}
         self._ipc_dir: str | None = None
         # evaluated after every cell, in the cell's own reply (no extra round trip)
         self.cell_expressions: dict[str, str] = {}
         self.language_info: dict[str, Any] = {}
-
-    def _on_executed(self, cell: Any, cell_index: int, execute_reply: Any) -> None:
-        self._last_reply = execute_reply or {}
 
     async def start(self) -> None:
         client = self._client
@@ -184,7 +271,7 @@ class KernelSession:
             await client.async_start_new_kernel_client()
             for channel in (self._kc.shell_channel, self._kc.iopub_channel):
                 _repoll(channel)
-            self._piggyback(self._kc)
+            self._wire = _Wire(self._kc)
         except RuntimeError as exc:
             raise KernelStartError(
                 f"kernel {self._kernel_name!r} did not answer within the start timeout "
@@ -193,21 +280,6 @@ class KernelSession:
         msg_id = self._kc.kernel_info()
         reply = await self._reply(msg_id, timeout=float(client.startup_timeout))
         self.language_info = dict(reply["content"].get("language_info") or {})
-
-    def _piggyback(self, kc: Any) -> None:
-        """Ask for ``cell_expressions`` with every cell nbclient sends."""
-        execute = kc.execute
-
-        def execute_cell(code: str, *args: Any, **kwargs: Any) -> Any:
-            if (
-                self.cell_expressions
-                and not kwargs.get("silent")
-                and "user_expressions" not in kwargs
-            ):
-                kwargs["user_expressions"] = self.cell_expressions
-            return execute(code, *args, **kwargs)
-
-        kc.execute = execute_cell
 
     @property
     def _kc(self) -> Any:
@@ -219,12 +291,19 @@ class KernelSession:
 
     async def run_cell(self, cell: Any, index: int, store_history: bool = True) -> CellResult:
         """Execute one cell. Errors in the cell are results, not exceptions."""
-        self._last_reply = {}
-        try:
-            await self._client.async_execute_cell(cell, index, store_history=store_history)
-        except DeadKernelError as exc:
-            raise KernelDied(str(exc)) from exc
-        content = self._last_reply.get("content", {})
+        client = self._client
+        cell.metadata["execution"] = {}
+        msg_id = self._kc.execute(
+            cell.source,
+            store_history=store_history,
+            stop_on_error=False,
+            user_expressions=self.cell_expressions,
+        )
+        cell.outputs = []
+        client.clear_before_next_output = False
+        reply = await self._pump(msg_id, cell, index)
+        client.nb.cells[index] = cell
+        content = reply.get("content", {})
         error = None
         if content.get("status") == "error":
             ename, evalue = content.get("ename"), content.get("evalue")
@@ -247,7 +326,49 @@ class KernelSession:
             error=error,
             allowed_error="raises-exception" in cell.metadata.get("tags", []),
             reply=content,
+            reply_metadata=reply.get("metadata") or {},
         )
+
+    async def _pump(self, msg_id: str, cell: Any, index: int) -> dict[str, Any]:
+        """Read the kernel's messages until cell ``msg_id`` has replied and gone idle;
+        its IOPub messages become the cell's outputs (nbclient's ``process_message``).
+        Returns the execute reply. After the reply, the idle status is awaited for
+        nbclient's ``iopub_timeout`` at most, as nbclient does."""
+        wire = self._wire
+        assert wire is not None
+        client = self._client
+        loop = asyncio.get_running_loop()
+        reply: dict[str, Any] | None = None
+        idle = False
+        idle_by: float | None = None
+        alive_at = loop.time() + 1.0
+        while True:
+            while not idle and (msg := wire.take(wire.iopub)) is not None:
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    try:
+                        client.process_message(msg, cell, index)
+                    except CellExecutionComplete:
+                        idle = True
+            while reply is None and (msg := wire.take(wire.shell)) is not None:
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    reply = msg
+                    cell.metadata["execution"]["shell.execute_reply"] = timestamp(msg)
+            if reply is not None and idle:
+                _timing_in_order(cell)
+                return reply
+            now = loop.time()
+            if reply is not None:
+                if idle_by is None:
+                    idle_by = now + client.iopub_timeout
+                elif now >= idle_by:
+                    log.warning("timeout waiting for the kernel's IOPub output of cell %d", index)
+                    _timing_in_order(cell)
+                    return reply
+            if now >= alive_at:
+                if not await self._km.is_alive():
+                    raise KernelDied("the kernel process died")
+                alive_at = now + 1.0
+            await wire.poller.poll(int(REPOLL * 1000))
 
     def widget_state(self) -> dict[str, Any] | None:
         """Widget state for the notebook's metadata, as nbclient records it."""

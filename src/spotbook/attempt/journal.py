@@ -190,7 +190,7 @@ class Journal:
             rec["error"] = {k: v for k, v in result.error.items() if k != "traceback"}
         if index in self._spilled:
             rec["spilled"] = self._spilled.pop(index)
-        noted = cell_effects(result.reply)
+        noted = cell_effects(result)
         for key in ("effects", "pre", "undo"):
             if noted.get(key):
                 rec[key] = noted[key]
@@ -344,19 +344,25 @@ class Journal:
             self.set_status(RunStatus.SUCCEEDED)
 
 
-def cell_effects(reply: dict[str, Any]) -> dict[str, Any]:
+def cell_effects(result: CellResult) -> dict[str, Any]:
     """What the kernel noted about a cell: its effects (files written, processes, random
     draws) and, where a replay needs them, the cwd, environment and generators it
-    started from."""
+    started from. It comes in the reply's metadata, or (kernels whose replies cannot
+    carry it) as the user expression asked for with the cell."""
     import ast
 
-    value = (reply.get("user_expressions") or {}).get("spotbook") or {}
-    if value.get("status") != "ok":
-        return {}
-    try:
-        found = json.loads(ast.literal_eval(value["data"]["text/plain"]))
-    except (ValueError, SyntaxError, KeyError, TypeError):
-        return {}
+    found: Any = result.reply_metadata.get("spotbook")
+    if found is None:
+        value = (result.reply.get("user_expressions") or {}).get("spotbook") or {}
+        if value.get("status") != "ok":
+            return {}
+        try:
+            text = value["data"]["text/plain"]
+            if text == "'{}'":  # most cells: nothing noted
+                return {}
+            found = json.loads(ast.literal_eval(text))
+        except (ValueError, SyntaxError, KeyError, TypeError):
+            return {}
     return found if isinstance(found, dict) else {}
 
 

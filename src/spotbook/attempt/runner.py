@@ -397,13 +397,15 @@ class Runner:
         )
         await self.race(self.session.start(), grace=0.0, index=index)
         try:
-            await self.race(
+            started = await self.race(
                 self.session.evaluate(f"{KERNEL_MODULE}.init()"), grace=0.0, index=index
             )
         except RuntimeError as exc:
             self.snapshots.off(f"the kernel cannot import spotbook ({exc})")
             return
-        self.session.cell_expressions = {"spotbook": f"{KERNEL_MODULE}.cell_effects()"}
+        if not json.loads(started).get("reply_metadata"):
+            # a kernel whose replies cannot carry the cell's note: ask for it with each cell
+            self.session.cell_expressions = {"spotbook": f"{KERNEL_MODULE}.cell_effects()"}
 
 
 def _complete_kernelspec(nb: Any, name: str, language_info: dict[str, Any]) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._errors import (
     CellError,
@@ -32,15 +34,7 @@ from .._models import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from .cluster import _cmd_cancel, _cmd_logs, _cmd_recover, _cmd_submit, _cmd_wait
-from .drill import _cmd_drill
-from .economics import _cmd_chaos, _cmd_cost, _cmd_simulate
 from .parser import SWEEP_VERBS, build_parser
-from .plans import _cmd_cluster_plan
-from .run import _cmd_inspect, _cmd_resume, _cmd_run, _cmd_worker
-from .status import _cmd_runs, _cmd_status
-from .sweep import _cmd_sweep, _cmd_sweep_results, _cmd_sweep_resume, _cmd_sweep_status
-from .view import _cmd_report, _cmd_ui
 
 log = logging.getLogger("spotbook")
 
@@ -68,32 +62,43 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_STORAGE
 
 
-COMMANDS = {
-    "run": _cmd_run,
-    "inspect": _cmd_inspect,
-    "resume": _cmd_resume,
-    "status": _cmd_status,
-    "runs": _cmd_runs,
-    "worker": _cmd_worker,
-    "submit": _cmd_submit,
-    "logs": _cmd_logs,
-    "wait": _cmd_wait,
-    "cancel": _cmd_cancel,
-    "recover": _cmd_recover,
-    "drill": _cmd_drill,
-    "cost": _cmd_cost,
-    "simulate": _cmd_simulate,
-    "chaos": _cmd_chaos,
-    "sweep": _cmd_sweep,
-    "sweep-resume": _cmd_sweep_resume,
-    "sweep-status": _cmd_sweep_status,
-    "sweep-results": _cmd_sweep_results,
-    "report": _cmd_report,
-    "ui": _cmd_ui,
-    "gke": _cmd_cluster_plan,
-    "eks": _cmd_cluster_plan,
-    "aks": _cmd_cluster_plan,
+# command -> (module of spotbook.cli, function): imported when run, so that `spotbook run`
+# does not load what `submit`, `ui` or `simulate` need
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "_cmd_run"),
+    "inspect": ("run", "_cmd_inspect"),
+    "resume": ("run", "_cmd_resume"),
+    "status": ("status", "_cmd_status"),
+    "runs": ("status", "_cmd_runs"),
+    "worker": ("run", "_cmd_worker"),
+    "submit": ("cluster", "_cmd_submit"),
+    "logs": ("cluster", "_cmd_logs"),
+    "wait": ("cluster", "_cmd_wait"),
+    "cancel": ("cluster", "_cmd_cancel"),
+    "recover": ("cluster", "_cmd_recover"),
+    "drill": ("drill", "_cmd_drill"),
+    "cost": ("economics", "_cmd_cost"),
+    "simulate": ("economics", "_cmd_simulate"),
+    "chaos": ("economics", "_cmd_chaos"),
+    "sweep": ("sweep", "_cmd_sweep"),
+    "sweep-resume": ("sweep", "_cmd_sweep_resume"),
+    "sweep-status": ("sweep", "_cmd_sweep_status"),
+    "sweep-results": ("sweep", "_cmd_sweep_results"),
+    "report": ("view", "_cmd_report"),
+    "ui": ("view", "_cmd_ui"),
+    "gke": ("plans", "_cmd_cluster_plan"),
+    "eks": ("plans", "_cmd_cluster_plan"),
+    "aks": ("plans", "_cmd_cluster_plan"),
 }
+
+
+def command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs command ``name``."""
+    module, function = COMMANDS[name]
+    found: Callable[[argparse.Namespace], int] = getattr(
+        importlib.import_module(f"{__package__}.{module}"), function
+    )
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # against a GCS emulator there are no Google credentials to find; say nothing
         logging.getLogger("google.auth").setLevel(logging.ERROR)
     try:
-        return COMMANDS[args.command](args)
+        return command(args.command)(args)
     except SpotbookError as exc:
         code = exit_code(exc)
         prefix = "" if isinstance(exc, Terminated) else "error: "

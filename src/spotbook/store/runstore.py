@@ -467,15 +467,20 @@ class RunStore:
         """
         seq = self._seq[attempt] = self._seq.get(attempt, 0) + 1
         place = f"cells/{CellKey(index, attempt).name[:-5]}"
-        record = self._sign(place, {**record, "index": index, "attempt": attempt, "seq": seq})
+        body = {**record, "index": index, "attempt": attempt, "seq": seq}
         if self.backend.appends:
             # one line per record, appended: a kill leaves whole lines and at most one
             # torn last line, which readers skip
             rel = f"cells/a{attempt:04d}.jsonl"
-            line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-            self.backend.append(self.path(rel), line.encode(), f"append to {rel}")
-            self.bytes_written += len(line.encode())
+            line = None if self.seal is None else self.seal.signed_line(place, body)
+            if line is None:
+                signed = self._sign(place, body)
+                line = json.dumps(signed, ensure_ascii=False, separators=(",", ":")) + "\n"
+            data = line.encode()
+            self.backend.append(self.path(rel), data, f"append to {rel}")
+            self.bytes_written += len(data)
         else:
+            record = self._sign(place, body)
             self.write_json(f"cells/{CellKey(index, attempt).name}", record)
 
     def close(self) -> None:
