@@ -132,3 +132,31 @@ def test_a_display_updated_while_its_cells_record_waits_for_the_snapshot(
     assert attempt["background_snapshots"] == 1
     out = json.loads((tmp_path / "o.ipynb").read_text())
     assert out["cells"][0]["outputs"][0]["data"]["text/plain"] == "'second'"
+
+
+def test_under_auto_the_cells_never_wait_for_a_snapshot_being_written(tmp_path: Path) -> None:
+    """A snapshot falls due after cell 1 while cell 0's is still being written (its copy
+    cannot finish before cell 2 runs): under auto, cell 2 runs at once (waiting would
+    never end) and a later boundary takes the next snapshot."""
+    release = tmp_path / "release"
+    write_notebook(
+        tmp_path / "w.ipynb",
+        "import time\nclass Slow:\n    def __reduce__(self):\n"
+        + "\n".join("        " + line for line in _gate(release).splitlines())
+        + "\n        return (Slow, ())\nslow = Slow()\ntime.sleep(0.6)",
+        "time.sleep(0.6)\ny = 1",
+        f"open({str(release)!r}, 'w').close()\ntime.sleep(0.6)",
+        "time.sleep(0.6)\nz = y + 1",
+        "print(z)",
+    )
+    r = cli(
+        "run", "w.ipynb", "o.ipynb", "--run-dir", "rd", "--snapshot", "auto",
+        "--snapshot-interval", "0.5", cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (attempt,) = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)["attempts"]
+    assert attempt["background_snapshots"] >= 2 and attempt["snapshot_pause_max"] < 0.5
+    snaps = sorted(p.name[:5] for p in (tmp_path / "rd" / "state" / "snap").iterdir())
+    assert snaps[0] == "00000" and "00001" not in snaps, snaps  # after cell 1: deferred
+    out = json.loads((tmp_path / "o.ipynb").read_text())
+    assert "".join(out["cells"][4]["outputs"][0]["text"]) == "2\n"

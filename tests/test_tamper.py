@@ -79,6 +79,9 @@ def _stop_after_three(work: Path, rd: str, url: str, env: dict[str, str]) -> Non
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
+    # the snapshot attacks need one snapshot per committed cell (every-cell)
+    store = RunStore(url)
+    assert len(store.names("state/snap")) == 3, (store.attempts(), err)
 
 
 def _template(

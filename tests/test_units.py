@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from spotbook._errors import (
     SupersededError,
     Terminated,
 )
-from spotbook._models import Limits, SnapshotMode, SnapshotPolicy
+from spotbook._models import Limits, RunSpec, SnapshotMode, SnapshotPolicy
 from spotbook.cli.main import exit_code
 from spotbook.notebook import document as nbs
 from spotbook.notebook.parameters import collect_parameters, render_python, resolve_type
@@ -192,17 +193,30 @@ def test_failed_cell_gets_a_note_at_the_top() -> None:
     nbs.parse(nbs.dumps(out), "assembled")  # still a valid notebook
 
 
-def test_snapshot_policy_is_cost_aware() -> None:
-    auto = SnapshotPolicy()
-    assert not auto.due(0.4, None)  # under half a second of compute at stake: not worth it
-    assert auto.due(1.0, None)  # a long cell is always followed by one
-    assert not auto.due(1.5, 0.1)  # 1.5 s of compute vs a 0.1 s snapshot: not yet
-    assert auto.due(2.0, 0.1)
+def test_snapshot_policy_keeps_the_young_daly_interval() -> None:
+    auto = SnapshotPolicy()  # one preemption per node-hour
+    # a 0.1 s snapshot: Young's sqrt(2 C M) = sqrt(2 * 0.1 * 3600) s of compute apart
+    gap = auto.gap(0.1)
+    assert gap == pytest.approx(math.sqrt(2 * 0.1 * 3600), rel=0.01)
+    assert not auto.due(gap - 0.5, 0.1) and auto.due(gap, 0.1)
+    # dearer snapshots come less often, a higher hazard asks for more, never closer than
+    # min_gap (0.5 s)
+    assert auto.gap(0.01) < gap < auto.gap(1.0)
+    assert SnapshotPolicy(hazard=100).gap(0.1) == pytest.approx(gap / 10, rel=0.05)
+    assert SnapshotPolicy(hazard=1e6).gap(0.1) == 0.5
+    assert not auto.due(0.4, None)
     assert SnapshotPolicy(interval=0.5).due(0.6, 10.0)
     assert SnapshotPolicy(SnapshotMode.EVERY_CELL).due(0.0, 100.0)
     assert not SnapshotPolicy(SnapshotMode.OFF).due(1e9, 0.0)
     with pytest.raises(spotbook.UsageError, match="every-cell, auto, off"):
         SnapshotPolicy.parse("sometimes")
+
+
+def test_a_run_spec_of_an_older_version_still_loads() -> None:
+    spec = RunSpec("r", "nb.ipynb", None, {}, "python3", None, "0" * 64)
+    doc = spec.to_json()
+    doc["snapshot"]["cost_ratio"] = 20.0  # a setting retired since
+    assert RunSpec.from_json(doc).snapshot == spec.snapshot
 
 
 def test_limits_validate() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
 from ._errors import UsageError
@@ -172,27 +172,29 @@ class SnapshotMode(enum.StrEnum):
 
 @dataclass(frozen=True)
 class SnapshotPolicy:
-    """Cost-aware snapshot policy.
+    """When kernel state is snapshotted.
 
-    ``auto``: snapshot once the compute since the last snapshot reaches both
-    ``min_gap`` seconds and ``cost_ratio`` times what a snapshot costs (the last one's
-    cost, or before the first an estimate from the state's size), so
-    snapshots take at most about ``1 / cost_ratio`` of the run and a kill loses at
-    most about that much compute; a cell longer than that is always followed by one.
-    ``interval`` (when set) forces one after that much compute regardless of cost.
+    ``auto``: as often as the expected loss from a preemption justifies. A snapshot that
+    costs the notebook ``C`` seconds, taken after every ``T`` seconds of compute, costs
+    ``C / T`` of the run; a preemption (``hazard`` per node-hour: one every ``M = 3600 /
+    hazard`` seconds on average) loses about ``T / 2`` of compute. The sum is least at
+    Young's interval ``T = sqrt(2 C M)`` (with Daly's correction), which ``auto`` keeps,
+    never closer than ``min_gap``. ``C`` is what the last snapshot cost (a background
+    one: its pause, and its copy's share of the machine's CPUs), before the first an
+    estimate (see the runner's ``Snapshots.due``). ``interval`` (when set) forces one
+    after that much compute regardless of cost.
     """
 
     mode: SnapshotMode = SnapshotMode.AUTO
-    cost_ratio: float = 20.0
     min_gap: float = 0.5
     interval: float | None = None
     # written by a fork of the kernel while the notebook goes on, where that is safe
     background: bool = True
-    hazard: float = 1.0  # preemptions expected per node-hour (auto keeps up with them)
+    hazard: float = 1.0  # preemptions expected per node-hour
 
     def __post_init__(self) -> None:
-        if self.cost_ratio <= 0 or self.min_gap < 0:
-            raise UsageError("snapshot cost ratio must be positive and min gap not negative")
+        if self.min_gap < 0:
+            raise UsageError("the snapshot policy's min gap must not be negative")
         if self.interval is not None and self.interval < 0:
             raise UsageError("--snapshot-interval must be zero or more seconds")
         if not (0 < self.hazard < math.inf):
@@ -209,13 +211,9 @@ class SnapshotPolicy:
         return compute_since >= self.gap(last_cost or 0.0)
 
     def gap(self, cost: float) -> float:
-        """``auto``: the compute between snapshots that cost ``cost`` seconds each. At most
-        ``1 / cost_ratio`` of the compute goes to snapshots, and never less often than the
-        Young/Daly interval for ``hazard`` preemptions per hour asks (expensive
-        snapshots against a high hazard)."""
-        by_cost = self.cost_ratio * cost
-        by_hazard = young_daly(cost, 3600.0 / self.hazard)
-        return max(self.min_gap, min(by_cost, by_hazard))
+        """``auto``: the compute between snapshots that cost ``cost`` seconds each (the
+        Young/Daly interval for ``hazard``, at least ``min_gap``)."""
+        return max(self.min_gap, young_daly(cost, 3600.0 / self.hazard))
 
     @classmethod
     def parse(
@@ -323,7 +321,9 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSpec:
-        snap = dict(data.get("snapshot") or {})
+        known = {f.name for f in fields(SnapshotPolicy)}
+        # (run.json of older versions may carry settings since retired, e.g. cost_ratio)
+        snap = {k: v for k, v in (data.get("snapshot") or {}).items() if k in known}
         snap["mode"] = SnapshotMode(snap.get("mode", "auto"))
         return cls(
             run_id=data["run_id"],

@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
 _TRANSFERS = 8  # object stores: concurrent blob transfers
+# auto's estimates before a snapshot is measured: the least any costs (a round trip and a
+# manifest), and what a background one stops the notebook for (a fork; measured 30-45 ms
+# from 0.1 to 4 GB of state on the 2-core machine, bench/bench_snapshot_pause.py)
+_CHEAPEST = 0.003
+BACKGROUND_PAUSE = 0.05
 
 
 class CannotRebuild(Exception):
@@ -63,6 +68,30 @@ def _alive(pid: int) -> bool:
     return alive(pid)
 
 
+async def _exited(pid: int) -> None:
+    """Return once process ``pid`` (not ours: the kernel's copy) has ended, or soon after:
+    woken by its pidfd where Linux has one, else after a short sleep. (The copy stays a
+    zombie until the kernel reaps it, so its pid is not reused meanwhile.)"""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        await asyncio.sleep(0.02)
+        return
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
 class Snapshots:
     """One attempt's snapshots: the policy's measurements, and the blobs moved."""
 
@@ -77,21 +106,29 @@ class Snapshots:
         self.usable: dict[str, Any] | None = None  # checked before the kernel starts
         policy = runner.spec.snapshot
         self.background = self.enabled and policy.background
+        # a snapshot due while one is being written waits for the next boundary (auto),
+        # rather than the cells waiting for it (every-cell: one at every boundary)
+        self.coalesce = self.background and policy.mode is SnapshotMode.AUTO
         self.pending: Pending | None = None
         self.pauses: list[float] = []  # what each background snapshot stopped the notebook for
         self._last_task: asyncio.Task[None] | None = None  # the latest, until settled
+        # the cost measured last was a background snapshot's (it does not grow with the
+        # state as a synchronous one's does)
+        self._background_cost = False
 
     def seed(self, doc: dict[str, Any]) -> None:
         """Take the restored snapshot's measured cost as the policy's first estimate, so a
         resumed attempt does not wait as long as a new run for its first snapshot."""
-        seconds = float(doc.get("kernel_seconds") or 0.0)
+        cost = float(
+            doc.get("cost_seconds") or doc.get("pause_seconds") or doc.get("kernel_seconds") or 0.0
+        )
         size = int(doc.get("state_bytes") or 0)
-        if self.background:
-            return  # the notebook pays the fork's pause, not the writing: nothing to seed
-        if seconds > 0:
-            self.cost = seconds
-            if size > 1 << 20:
-                self._rate = max(size / seconds, 1e6)
+        if cost > 0:
+            self.cost = cost
+        if doc.get("pause_seconds") is not None:
+            self._background_cost = True
+        elif float(doc.get("kernel_seconds") or 0.0) > 0 and size > 1 << 20:
+            self._rate = max(size / float(doc["kernel_seconds"]), 1e6)
 
     def off(self, reason: str) -> None:
         self.enabled = False
@@ -116,23 +153,29 @@ class Snapshots:
         """Whether to snapshot after a cell that computed ``duration`` seconds."""
         self.compute_since += duration
         policy = self.run.spec.snapshot
-        if not self.enabled or not policy.due(self.compute_since, self.cost):
+        if not self.enabled:
             return False
         if policy.mode is not SnapshotMode.AUTO:
-            return True
-        if self.background and (self.pauses or self.cost is None):
-            # what a background snapshot costs the notebook does not grow with the state
-            return True
-        # The last snapshot's cost says little when the state has grown since: predict
-        # this one's from the state's size and the throughput the last one achieved
-        # (before the first, a conservative 250 MB/s), and keep to the cost ratio.
+            return policy.due(self.compute_since, self.cost)
+        # not due even if it cost next to nothing, or than it did last time: no question
+        if not policy.due(self.compute_since, self.cost or _CHEAPEST):
+            return False
+        if self.cost is not None and self._background_cost:
+            return True  # a background snapshot's cost does not grow with the state
+        # Before the first one, or after synchronous ones (whose cost grows with the
+        # state): predict this one's from the state's size and the throughput the last
+        # one achieved (before the first, a conservative 250 MB/s), or a fork's pause
+        # where the copy can write it in the background.
         session = self.run.session
         assert session is not None
         try:
-            size = int(await session.evaluate(f"{KERNEL_MODULE}.state_bytes()"))
-        except RuntimeError:
+            found = json.loads(await session.evaluate(f"{KERNEL_MODULE}.snapshot_estimate()"))
+        except (RuntimeError, ValueError):
             return True  # take() reports why snapshots cannot work
-        predicted = 0.003 + size / self._rate
+        if self.background and not found["unsafe"]:
+            predicted = BACKGROUND_PAUSE
+        else:
+            predicted = _CHEAPEST + int(found["bytes"]) / self._rate
         if predicted > (self.cost or 0.0):
             # remember it, so the next question waits until it could be worth asking
             self.cost = predicted
@@ -174,20 +217,31 @@ class Snapshots:
                 grace=run.grace,
                 index=index,
             )
-        self._commit(index, manifest)
         cost = time.monotonic() - m0
         # The first snapshot of an attempt also pays for warming the snapshot code in
         # the kernel; the policy wants what the next one will cost.
         self.cost = cost if self._taken else manifest["seconds"]
+        self._background_cost = False
+        self._commit(index, manifest, cost=self.cost, written=cost)
         if manifest["seconds"] > 0 and manifest["state_bytes"] > 1 << 20:
             self._rate = max(manifest["state_bytes"] / manifest["seconds"], 1e6)
         self._taken += 1
         self.compute_since = 0.0
         log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
 
-    def _commit(self, index: int, manifest: dict[str, Any], pause: float | None = None) -> None:
-        """Commit the manifest of a snapshot whose blobs are all in the store (``pause``:
-        it was written in the background, stopping the notebook this long)."""
+    def _commit(
+        self,
+        index: int,
+        manifest: dict[str, Any],
+        *,
+        cost: float,
+        written: float,
+        pause: float | None = None,
+    ) -> None:
+        """Commit the manifest of a snapshot whose blobs are all in the store. ``cost``:
+        what the policy counts it as having cost the notebook; ``written``: from its start
+        until every blob was in the store; ``pause``: it was written in the background,
+        stopping the notebook this long."""
         run, journal = self.run, self.run.journal
         doc = {
             "format": SNAPSHOT_FORMAT,
@@ -200,9 +254,13 @@ class Snapshots:
             "kernel_seconds": manifest["seconds"],
             "capture_seconds": manifest["capture_seconds"],
             "state_bytes": manifest["state_bytes"],
+            "cost_seconds": round(cost, 6),
+            "written_seconds": round(written, 6),
         }
         if pause is not None:
             doc["pause_seconds"] = round(pause, 6)
+            if "cpu_seconds" in manifest:
+                doc["copy_cpu_seconds"] = round(float(manifest["cpu_seconds"]), 6)
         journal.fence()
         run.store.write_snapshot(CellKey(index, journal.attempt), doc)
         journal.blob_bytes += int(manifest["written"])
@@ -259,13 +317,19 @@ class Snapshots:
         """Wait for the copy, upload its blobs (object stores), commit its manifest and
         the records held behind it. Runs beside the cells."""
         while (found := self._finished(p)) is None:
-            await asyncio.sleep(0.01)
+            await _exited(p.pid)
         try:
             if "error" in found:
                 raise RuntimeError(found["error"])
             if not self.run.store.local:
                 await asyncio.to_thread(self._upload, found["new_blobs"])
-            self._commit(p.index, found, p.pause)
+            # what the notebook paid: the pause, and the copy's share of the CPUs it
+            # took from the machine while the cells went on
+            cost = p.pause + float(found.get("cpu_seconds") or 0.0) / max(
+                int(found.get("cpus") or 1), 1
+            )
+            written = time.monotonic() - p.started
+            self._commit(p.index, found, cost=cost, written=written, pause=p.pause)
         except (OSError, StorageError) as exc:
             self.pending = None  # the held records are not committed: their cells rerun
             raise self._unwritable(p.index, exc) from None
@@ -277,7 +341,8 @@ class Snapshots:
             self.run.journal.attempt_rec["snapshots_off"] = reason
             self.off(reason)
         else:
-            self.cost = p.pause  # what the notebook waited for it
+            self.cost = cost
+            self._background_cost = True
             self._taken += 1
             log.debug(
                 "background snapshot after cell %d: paused %.4f s, written in %.3f s",

@@ -126,7 +126,10 @@ def chaos(
             raise UsageError(f"unknown strategy {s!r}: resume or restart")
     root = Path(work)
     root.mkdir(parents=True, exist_ok=True)
-    extra = _params(parameters or {})
+    # the runs' auto policy is told the hazard they will meet (a trace's: its preemptions
+    # over the time they span), as a user sets --snapshot-hazard for a pool's record
+    rate = trace_rate(trace) if trace is not None else float(hazard_per_hour or 1.0)
+    extra = [*_params(parameters or {}), "--snapshot-hazard", f"{rate!r}/h"]
     tell("baseline: the notebook uninterrupted")
     t0 = time.monotonic()
     base_dir = str(root / "baseline")
@@ -170,7 +173,7 @@ def chaos(
         s: simulate(
             profile,
             s,
-            interval=auto_interval(profile) if s == "resume" else None,
+            interval=auto_interval(profile, rate) if s == "resume" else None,
             first_interval=profile.first_snapshot_after if s == "resume" else None,
             delay=delay,
             trace=times,
@@ -178,6 +181,14 @@ def chaos(
         for s in strategies
     }
     return ChaosReport(baseline, profile, times, delay, signal, runs, predicted)
+
+
+def trace_rate(trace: Sequence[float]) -> float:
+    """A trace's preemptions per node-hour: how many, over the node time they span."""
+    times = [float(t) for t in trace if float(t) > 0]
+    if not times:
+        return 1.0
+    return len(times) * HOUR / max(times)
 
 
 def _kill_tree(pid: int) -> None:

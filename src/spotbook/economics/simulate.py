@@ -89,9 +89,14 @@ def profile_from_run(store: RunStore) -> Profile:
         doc = store.read_snapshot(key) or {}
         if doc.get("kernel_seconds") is not None:
             writes.append(float(doc["kernel_seconds"]))
-            costs.append(float(doc.get("pause_seconds", doc["kernel_seconds"])))
+            # what the policy counted it as costing (older manifests: the pause, or the
+            # writing of a synchronous one)
+            costs.append(
+                float(doc.get("cost_seconds", doc.get("pause_seconds", doc["kernel_seconds"])))
+            )
             if doc.get("pause_seconds") is not None:
-                background.append(float(doc["kernel_seconds"]))
+                # until its blobs were in the store (an object store's upload included)
+                background.append(float(doc.get("written_seconds", doc["kernel_seconds"])))
     attempts = describe(store)["attempts"]
     kernels = [float(a["kernel_start_seconds"]) for a in attempts if a.get("kernel_start_seconds")]
     restores = [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]

@@ -281,6 +281,13 @@ def state_bytes(values: dict[str, Any] | None = None) -> int:
     return total
 
 
+def snapshot_estimate() -> str:
+    """What the runner's policy needs before a snapshot's cost is known (JSON): the
+    state's rough size, and why it could not be written in the background ("" if it
+    could)."""
+    return json.dumps({"bytes": state_bytes(), "unsafe": fork_unsafe()})
+
+
 def _imports() -> list[str]:
     """Modules the notebook imported, in the order it first imported them."""
     return [
@@ -422,6 +429,14 @@ def fork_unsafe() -> str:
     return ""
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _die_with_parent() -> None:
     """Linux: the copy dies when the kernel does (a lost node takes both)."""
     with contextlib.suppress(Exception):
@@ -461,7 +476,15 @@ def snapshot_fork(blob_dir: str, result_path: str) -> str:
             random.setstate(seed_state)
             # sys.stdout/stderr stay as they are: the snapshot saves them by identity
             try:
-                text = snapshot(blob_dir)
+                manifest = json.loads(snapshot(blob_dir))
+                # what the copy took from the machine (counted from the fork): the
+                # policy charges the notebook its share of the CPUs
+                import resource
+
+                used = resource.getrusage(resource.RUSAGE_SELF)
+                manifest["cpu_seconds"] = used.ru_utime + used.ru_stime
+                manifest["cpus"] = _cpus()
+                text = json.dumps(manifest)
             except BaseException as exc:  # reported to the runner
                 text = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]})
             tmp = f"{result_path}.tmp"
