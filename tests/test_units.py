@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,6 +192,67 @@ def test_failed_cell_gets_a_note_at_the_top() -> None:
     # an earlier run's banners do not survive into the next run's notebook
     assert [c.source for c in nbs.remove_error_markers(out).cells] == [c.source for c in nb.cells]
     nbs.parse(nbs.dumps(out), "assembled")  # still a valid notebook
+
+
+def test_compact_refreshes_write_what_a_whole_assembly_writes() -> None:
+    """The store's refreshes re-encode only the cells that changed, and their bytes equal
+    the whole notebook assembled and dumped, at every step of a run."""
+    code = [
+        {"cell_type": "code", "metadata": {}, "source": f"x = {i}", "outputs": [], "id": f"c{i}"}
+        for i in range(3)
+    ]
+    doc = {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": "# title", "id": "m0"},
+            *[{**c, "execution_count": None} for c in code],
+            {"cell_type": "markdown", "metadata": {}, "source": "end", "id": "m1"},
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "P"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    nb = nbs.parse(json.dumps(doc), "nb")
+    writer = nbs.CompactWriter()
+    meta = {"parameters": {"a": 1}, "final": False}
+
+    def record(i: int, text: str, status: str = "completed") -> dict[str, Any]:
+        out = {"output_type": "stream", "name": "stdout", "text": text}
+        times = {"start": 1.0 + i, "end": 1.5 + i, "duration": 0.5}
+        timing = {"execution": {"k": str(i)}}
+        return {"status": status, "outputs": [out], "execution_count": i, **times,
+                "metadata": timing}  # fmt: skip
+
+    records: dict[int, dict[str, Any]] = {}
+    steps: list[tuple[int | None, dict[int, dict[str, Any]]]] = [
+        (1, {}),
+        (1, {}),
+        (2, {1: record(1, "one")}),
+        (3, {2: record(2, "two")}),
+        (3, {1: record(1, "one, updated")}),  # a display update re-records cell 1
+        (None, {3: record(3, "three")}),
+    ]
+    for running, new in steps:
+        records.update(new)
+        whole = nbs.dumps(nbs.assemble(nb, records, run_meta=meta, running=running), False)
+        assert writer.dumps(nb, records, run_meta=meta, running=running) == whole
+    widgets = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    out = nbs.assemble(nb, records, run_meta=meta)
+    out.metadata["widgets"] = widgets
+    assert writer.dumps(nb, records, run_meta=meta, widgets=widgets) == nbs.dumps(out, False)
+
+    # a failure puts banners before the cells: written whole (the banners' ids are new)
+    def banner_ids_dropped(text: str) -> Any:
+        found = json.loads(text)
+        for cell in found["cells"]:
+            if "papermill-error-cell-tag" in cell["metadata"].get("tags", []):
+                del cell["id"]
+        return found
+
+    records[2] = {**record(2, "boom", "failed"), "error": {"ename": "E", "evalue": "v"}}
+    whole = nbs.dumps(nbs.assemble(nb, records, run_meta=meta), False)
+    got = writer.dumps(nb, records, run_meta=meta)
+    assert banner_ids_dropped(got) == banner_ids_dropped(whole)
+    nbs.parse(got, "refreshed")  # a valid notebook
 
 
 def test_snapshot_policy_keeps_the_young_daly_interval() -> None:

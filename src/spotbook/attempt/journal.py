@@ -71,6 +71,7 @@ class Journal:
         self._output_refresh = output_refresh
         self._last_refresh = 0.0
         self._refresh_cost = 0.0
+        self._writer = nbs.CompactWriter()
         # cell -> the whole text of outputs cut to --max-output-bytes (its hash is sealed
         # in the cell's record)
         self._spilled: dict[int, dict[str, str]] = {}
@@ -317,13 +318,20 @@ class Journal:
         due = now - self._last_refresh >= max(self._output_refresh, 20 * self._refresh_cost)
         if not (force or due):
             return 0
-        nb = nbs.assemble(self.nb, self.records, run_meta=self.run_meta(final), running=running)
         widgets = session.widget_state() if session is not None else None
-        if widgets:  # as nbclient writes it: the widgets' state, for renderers
-            nb.metadata["widgets"] = widgets
         to_output = final if to_output is None else to_output
-        # what a user opens is indented as nbformat writes it; refreshes are compact
-        data = nbs.dumps(nb, pretty=to_output or final).encode()
+        meta = self.run_meta(final)
+        if to_output or final:
+            # what a user opens is indented as nbformat writes it
+            nb = nbs.assemble(self.nb, self.records, run_meta=meta, running=running)
+            if widgets:  # as nbclient writes it: the widgets' state, for renderers
+                nb.metadata["widgets"] = widgets
+            data = nbs.dumps(nb, pretty=True).encode()
+        else:
+            # refreshes are compact, and encode only the cells that changed since the last
+            data = self._writer.dumps(
+                self.nb, self.records, run_meta=meta, running=running, widgets=widgets
+            ).encode()
         self.store.write("output.ipynb", data)
         if to_output and self.spec.output:
             from ..store.runstore import write_url

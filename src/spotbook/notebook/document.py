@@ -249,54 +249,11 @@ def assemble(
     ``records`` (a refresh costs no deep copy of the notebook): it is for writing out.
     """
     out = _shallow(nb)
-    failed: tuple[int, Mapping[str, Any]] | None = None
-    # the first code cell the run has not finished: the cells before it are done
-    frontier = next(
-        (i for i, c in enumerate(out.cells) if c.cell_type == "code" and i not in records),
-        len(out.cells),
-    )
+    failed = _first_failure(records)
+    frontier = _frontier(nb, records)
     for index, cell in enumerate(out.cells):
-        rec = records.get(index)
-        if cell.cell_type == "code":
-            cell.outputs = list(rec["outputs"]) if rec else []
-            cell.execution_count = rec.get("execution_count") if rec else None
-        if rec and rec.get("metadata"):
-            cell.metadata.update(copy.deepcopy(dict(rec["metadata"])))
-        meta: dict[str, Any] = {"status": "pending"}
-        meta.update(start_time=None, end_time=None, duration=None, exception=None)
-        if rec:
-            meta.update(
-                status=rec["status"],
-                start_time=_iso(rec.get("start")),
-                end_time=_iso(rec.get("end")),
-                duration=rec.get("duration"),
-                exception=rec["status"] == CellStatus.FAILED,
-            )
-            if rec["status"] == CellStatus.FAILED and failed is None:
-                failed = (index, rec)
-        elif index == running:
-            meta["status"] = "running"
-        elif cell.cell_type != "code" and index < frontier:
-            meta.update(status="completed", exception=False)
-        cell.metadata["papermill"] = meta
-        cell.metadata["spotbook"] = dict(meta)
-    starts = [r["start"] for r in records.values() if r.get("start") is not None]
-    ends = [r["end"] for r in records.values() if r.get("end") is not None]
-    begun, ended = (min(starts) if starts else None), (max(ends) if ends else None)
-    done = bool(run_meta.get("final"))
-    out.metadata["spotbook"] = dict(run_meta)
-    out.metadata["papermill"] = {
-        "default_parameters": {},
-        "duration": round(ended - begun, 6) if done and begun and ended else None,
-        "end_time": _iso(ended) if done else None,
-        "environment_variables": {},
-        "exception": failed is not None,
-        "input_path": run_meta.get("input_path"),
-        "output_path": run_meta.get("output_path"),
-        "parameters": dict(run_meta.get("parameters") or {}),
-        "start_time": _iso(begun),
-        "version": run_meta.get("version"),
-    }
+        _apply(cell, records.get(index), _state(nb, index, records, running, frontier))
+    out.metadata.update(_run_metadata(records, run_meta, failed))
     if failed is not None:
         index, rec = failed
         out.cells.insert(index, _marker(out, _anchor_text()))
@@ -309,6 +266,142 @@ def assemble(
         }
         out.cells.insert(0, banner)
     return out
+
+
+class CompactWriter:
+    """The output notebook as compact JSON, as ``dumps(assemble(...), pretty=False)``
+    writes it, at a cost that does not grow with the notebook: each cell's JSON is kept
+    and encoded again only when its record or state changed since the last write."""
+
+    def __init__(self) -> None:
+        # index -> (record, state, JSON): the record is held, so its identity stays its own
+        self._cells: dict[int, tuple[Any, str, str]] = {}
+
+    def dumps(
+        self,
+        nb: Notebook,
+        records: Mapping[int, Mapping[str, Any]],
+        *,
+        run_meta: Mapping[str, Any],
+        running: int | None = None,
+        widgets: Mapping[str, Any] | None = None,
+    ) -> str:
+        failed = _first_failure(records)
+        others = {k: v for k, v in nb.items() if k != "cells"}
+        if failed is not None or any(k < "cells" for k in others):
+            # banners move every cell (and a key before "cells" would too): written whole
+            out = assemble(nb, records, run_meta=run_meta, running=running)
+            if widgets:
+                out.metadata["widgets"] = dict(widgets)
+            return dumps(out, pretty=False)
+        frontier = _frontier(nb, records)
+        parts = []
+        for index, cell in enumerate(nb.cells):
+            rec = records.get(index)
+            state = _state(nb, index, records, running, frontier)
+            kept = self._cells.get(index)
+            # (the running cell's timing metadata fills in as it runs: never kept)
+            if kept is None or kept[0] is not rec or kept[1] != state or state == "running":
+                view = {**cell, "metadata": dict(cell.get("metadata") or {})}
+                _apply(view, rec, state, share=True)
+                kept = self._cells[index] = (rec, state, _compact(view))
+            parts.append(kept[2])
+        meta = nbformat.NotebookNode(nb.metadata)
+        meta.update(_run_metadata(records, run_meta, None))
+        if widgets:
+            meta["widgets"] = dict(widgets)
+        rest = _compact({**others, "metadata": meta})
+        # "cells" sorts before every other key: the same bytes as the whole dumped at once
+        body = rest[1:] if rest != "{}" else "}"
+        sep = "," if rest != "{}" else ""
+        return f'{{"cells":[{",".join(parts)}]{sep}{body}\n'
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _first_failure(
+    records: Mapping[int, Mapping[str, Any]],
+) -> tuple[int, Mapping[str, Any]] | None:
+    failed = [i for i, r in records.items() if r["status"] == CellStatus.FAILED]
+    return (min(failed), records[min(failed)]) if failed else None
+
+
+def _frontier(nb: Notebook, records: Mapping[int, Any]) -> int:
+    """The first code cell the run has not finished: the cells before it are done."""
+    return next(
+        (i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in records),
+        len(nb.cells),
+    )
+
+
+def _state(
+    nb: Notebook, index: int, records: Mapping[int, Any], running: int | None, frontier: int
+) -> str:
+    """What, besides its record, decides how cell ``index`` is written."""
+    if index in records:
+        return "done"
+    if index == running:
+        return "running"
+    if index < frontier and nb["cells"][index]["cell_type"] != "code":
+        return "passed"
+    return "pending"
+
+
+def _apply(cell: Any, rec: Mapping[str, Any] | None, state: str, *, share: bool = False) -> None:
+    """Write a record (or its absence, as ``state``) into a shallow copy of a cell.
+    ``share``: the copy is only encoded, never changed, so the record's metadata is put
+    in as it is rather than copied."""
+    metadata = cell["metadata"]
+    if cell["cell_type"] == "code":
+        cell["outputs"] = list(rec["outputs"]) if rec else []
+        cell["execution_count"] = rec.get("execution_count") if rec else None
+    if rec and rec.get("metadata"):
+        metadata.update(rec["metadata"] if share else copy.deepcopy(dict(rec["metadata"])))
+    meta: dict[str, Any] = {"status": "pending"}
+    meta.update(start_time=None, end_time=None, duration=None, exception=None)
+    if rec:
+        meta.update(
+            status=rec["status"],
+            start_time=_iso(rec.get("start")),
+            end_time=_iso(rec.get("end")),
+            duration=rec.get("duration"),
+            exception=rec["status"] == CellStatus.FAILED,
+        )
+    elif state == "running":
+        meta["status"] = "running"
+    elif state == "passed":
+        meta.update(status="completed", exception=False)
+    metadata["papermill"] = meta
+    metadata["spotbook"] = dict(meta)
+
+
+def _run_metadata(
+    records: Mapping[int, Mapping[str, Any]],
+    run_meta: Mapping[str, Any],
+    failed: tuple[int, Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """The notebook's ``metadata.spotbook`` and papermill's ``metadata.papermill``."""
+    starts = [r["start"] for r in records.values() if r.get("start") is not None]
+    ends = [r["end"] for r in records.values() if r.get("end") is not None]
+    begun, ended = (min(starts) if starts else None), (max(ends) if ends else None)
+    done = bool(run_meta.get("final"))
+    return {
+        "spotbook": dict(run_meta),
+        "papermill": {
+            "default_parameters": {},
+            "duration": round(ended - begun, 6) if done and begun and ended else None,
+            "end_time": _iso(ended) if done else None,
+            "environment_variables": {},
+            "exception": failed is not None,
+            "input_path": run_meta.get("input_path"),
+            "output_path": run_meta.get("output_path"),
+            "parameters": dict(run_meta.get("parameters") or {}),
+            "start_time": _iso(begun),
+            "version": run_meta.get("version"),
+        },
+    }
 
 
 def _iso(ts: float | None) -> str | None:
