@@ -55,6 +55,18 @@ def notebook(sources: list[str]) -> dict[str, Any]:
     }
 
 
+def spotbook_process(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """``spotbook ARGS`` started as a user starts it (quiet: no bar, warnings only)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "spotbook", *args, "--no-progress-bar", "--log-level", "WARNING"],
+        cwd=cwd,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def write_notebook(path: Path, sources: list[str]) -> Path:
     path.write_text(json.dumps(notebook(sources)))
     return path

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import write_notebook  # noqa: E402
+from bench._common import spotbook_process, write_notebook  # noqa: E402
 from tests.servers import Storage, start_azure, start_gcs, start_s3  # noqa: E402
 
 PARTS = 8
@@ -52,17 +52,6 @@ def _arrays(mb: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     n = mb * 1_000_000 // 8 // PARTS
     return {f"a{i}": rng.random(n) for i in range(PARTS)}
-
-
-def _spotbook(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "spotbook", *args, "--no-progress-bar", "--log-level", "WARNING"],
-        cwd=cwd,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _wait(pred: Any, proc: subprocess.Popen[str], timeout: float = 900.0) -> None:
@@ -88,7 +77,7 @@ def spotbook_case(url: str, tmp: Path, env: dict[str, str], mb: int) -> dict[str
             [STATE.format(n=n, parts=PARTS, mb=mb), "import time\ntime.sleep(3600)", "1"],
         )
         rd = f"{url}/run"
-        proc = _spotbook(
+        proc = spotbook_process(
             "run", str(nb), "--run-dir", rd, "--snapshot", "every-cell",
             "--no-snapshot-background", env=env, cwd=tmp,
         )  # fmt: skip
@@ -98,7 +87,7 @@ def spotbook_case(url: str, tmp: Path, env: dict[str, str], mb: int) -> dict[str
         proc.communicate()
         (key,) = store.snapshot_keys().values()
         snap = store.read_snapshot(key) or {}
-        proc = _spotbook("resume", rd, env=env, cwd=tmp)
+        proc = spotbook_process("resume", rd, env=env, cwd=tmp)
         _wait(
             lambda: len(store.attempt_numbers()) >= 2 and "restore_seconds" in store.attempts()[-1],
             proc,

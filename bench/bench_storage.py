@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import write_notebook  # noqa: E402
+from bench._common import spotbook_process, write_notebook  # noqa: E402
 from tests.servers import start_s3  # noqa: E402
 
 STATE = """import numpy as np
@@ -60,17 +59,6 @@ time.sleep(3600)  # never looks at spotbook.preempted()
 """
 
 
-def _spotbook(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "spotbook", *args, "--no-progress-bar", "--log-level", "WARNING"],
-        cwd=cwd,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def _wait(pred, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -88,7 +76,9 @@ def save_restore(rd: str, tmp: Path, env: dict[str, str], mb: int) -> dict[str, 
         tmp / "state.ipynb",
         [STATE.format(n=n, mb=mb), "import time\ntime.sleep(600)", "print(len(parts))"],
     )
-    proc = _spotbook("run", str(nb), "--run-dir", rd, "--snapshot", "every-cell", env=env, cwd=tmp)
+    proc = spotbook_process(
+        "run", str(nb), "--run-dir", rd, "--snapshot", "every-cell", env=env, cwd=tmp
+    )
     store = RunStore(rd)
     _wait(lambda: len(store.cell_records()) >= 1)
     proc.kill()
@@ -96,7 +86,7 @@ def save_restore(rd: str, tmp: Path, env: dict[str, str], mb: int) -> dict[str, 
     snap = store.read_json(f"state/snap/{store.names('state/snap')[-1]}")
     t0 = time.monotonic()
     # the resumed attempt restores, then runs the 600 s cell: stop it once restored
-    proc = _spotbook("resume", rd, env=env, cwd=tmp)
+    proc = spotbook_process("resume", rd, env=env, cwd=tmp)
     _wait(lambda: len(store.attempt_numbers()) >= 2 and "restore_seconds" in (store.attempts()[-1]))
     resumed = time.monotonic() - t0
     proc.kill()
@@ -121,7 +111,7 @@ def sigterm(
     chunk = mb * 1_000_000 // 4
     src = (COOPERATIVE if cooperative else STUBBORN).format(chunk=chunk)
     nb = write_notebook(tmp / "ckpt.ipynb", ["x = 1", src, "print('done')"])
-    proc = _spotbook("run", str(nb), "--run-dir", rd, env=env, cwd=tmp)
+    proc = spotbook_process("run", str(nb), "--run-dir", rd, env=env, cwd=tmp)
     store = RunStore(rd)
     _wait(lambda: len(store.cell_records()) >= 1)
     time.sleep(4.0)  # the loop is running and has written its 4 files
