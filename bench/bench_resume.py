@@ -133,12 +133,16 @@ def _overhead(work: Path, label: str, cells: list[str]) -> None:
     nb = write_notebook(work / "heavy.ipynb", cells)
     times = {}
     # background snapshots (the default) and synchronous ones, on the same notebook
+    busy = ["--snapshot-hazard", "60/h"]  # a pool that loses a node a minute
     modes = {
         "off": ["--snapshot", "off"],
         "auto": ["--snapshot", "auto"],
         "every-cell": ["--snapshot", "every-cell"],
         "auto sync": ["--snapshot", "auto", "--no-snapshot-background"],
         "every-cell sync": ["--snapshot", "every-cell", "--no-snapshot-background"],
+        # auto's Young/Daly interval at a high hazard
+        "auto 60/h": ["--snapshot", "auto", *busy],
+        "auto 60/h sync": ["--snapshot", "auto", *busy, "--no-snapshot-background"],
     }
     for mode, flags in modes.items():
         rd = work / f"h-{mode.replace(' ', '-')}"

@@ -2,8 +2,8 @@
 run's profile, and a short real run preempted on purpose against the simulator.
 
 1. A training-like notebook (cells of compute over a few MB of state) runs once with
-   spotbook; its profile (cell durations, snapshot cost, kernel start, restore) is read
-   from its run store.
+   spotbook, a snapshot after every cell; its profile (cell durations, snapshot cost,
+   kernel start, restore) is read from its run store.
 2. ``spotbook simulate`` tiles the profile to 3 hours and simulates one preemption per
    node-hour (exponential), 60 s to a new node: the cost ratio (billed node time over an
    uninterrupted run's) for spotbook's resume (its auto snapshot policy, and Young/Daly's
@@ -52,7 +52,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-economics-"))
     try:
         write_notebook(work / "train.ipynb", CELLS)
-        spotbook("run", "train.ipynb", "--run-dir", "measured", "--no-progress-bar", cwd=work)
+        # every cell snapshotted: the profile measures what a snapshot costs (auto at one
+        # preemption an hour would take none in this short run)
+        spotbook(
+            "run", "train.ipynb", "--run-dir", "measured", "--snapshot", "every-cell",
+            "--no-progress-bar", cwd=work,
+        )  # fmt: skip
         sim = json.loads(
             spotbook(
                 "simulate", "--from", "measured", "--duration", "3h", "--hazard", "1/h",

@@ -199,6 +199,21 @@ def test_young_daly_is_the_simulations_best_interval() -> None:
     assert 2.5 < resume.preemptions < 3.5  # one an hour over three hours
 
 
+def test_a_profile_without_snapshots_says_its_snapshot_cost_is_an_estimate(work: Path) -> None:
+    r = cli("run", "sleepy.ipynb", "--run-dir", "nosnap", "--snapshot", "off", cwd=work)
+    assert r.returncode == 0, r.stderr
+    sim = cli("simulate", "--from", "nosnap", "--duration", "1h", "--trials", "20", "--json",
+              cwd=work)  # fmt: skip
+    profile = json.loads(sim.stdout)["profile"]
+    assert profile["snapshot_measured"] is False and profile["snapshot_seconds"] == 0.05
+    text = cli("simulate", "--from", "nosnap", "--trials", "20", cwd=work).stdout
+    assert "took no snapshot" in text and "--snapshot every-cell" in text
+    r = cli("run", "sleepy.ipynb", "--run-dir", "snaps", "--snapshot", "every-cell", cwd=work)
+    assert r.returncode == 0, r.stderr
+    sim = cli("simulate", "--from", "snaps", "--trials", "20", "--json", cwd=work)
+    assert json.loads(sim.stdout)["profile"]["snapshot_measured"] is True
+
+
 # -- a real notebook, preempted on purpose ----------------------------------------------
 TOLERANCE = 0.2  # measured cost ratio against the simulator's, for the same times
 

@@ -232,6 +232,14 @@ class SnapshotPolicy:
         return cls(mode=mode, interval=interval, background=background, hazard=hazard)
 
 
+# auto's estimates of a snapshot's cost before one is measured: the least any costs (a
+# round trip and a manifest), and what a background one stops the notebook for (a fork;
+# measured 10-45 ms from 0.1 to 4 GiB of state on the 2-core machine,
+# bench/bench_snapshot_pause.py)
+CHEAPEST_SNAPSHOT = 0.003
+BACKGROUND_PAUSE_ESTIMATE = 0.05
+
+
 def young_daly(snapshot_seconds: float, mtbf: float) -> float:
     """The snapshot interval (compute seconds) that minimises expected loss: Young's
     ``sqrt(2 C M)``, with Daly's higher-order correction while ``C < 2 M``."""

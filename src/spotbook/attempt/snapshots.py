@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import SnapshotIntegrityError, StorageError, Terminated
-from .._models import SAVE_BUDGET, SnapshotMode
+from .._models import (
+    BACKGROUND_PAUSE_ESTIMATE,
+    CHEAPEST_SNAPSHOT,
+    SAVE_BUDGET,
+    SnapshotMode,
+)
 from ..store.runstore import CellKey
 
 if TYPE_CHECKING:
@@ -37,11 +42,6 @@ log = logging.getLogger(__name__)
 KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
 _TRANSFERS = 8  # object stores: concurrent blob transfers
-# auto's estimates before a snapshot is measured: the least any costs (a round trip and a
-# manifest), and what a background one stops the notebook for (a fork; measured 30-45 ms
-# from 0.1 to 4 GB of state on the 2-core machine, bench/bench_snapshot_pause.py)
-_CHEAPEST = 0.003
-BACKGROUND_PAUSE = 0.05
 
 
 class CannotRebuild(Exception):
@@ -158,7 +158,7 @@ class Snapshots:
         if policy.mode is not SnapshotMode.AUTO:
             return policy.due(self.compute_since, self.cost)
         # not due even if it cost next to nothing, or than it did last time: no question
-        if not policy.due(self.compute_since, self.cost or _CHEAPEST):
+        if not policy.due(self.compute_since, self.cost or CHEAPEST_SNAPSHOT):
             return False
         if self.cost is not None and self._background_cost:
             return True  # a background snapshot's cost does not grow with the state
@@ -173,9 +173,9 @@ class Snapshots:
         except (RuntimeError, ValueError):
             return True  # take() reports why snapshots cannot work
         if self.background and not found["unsafe"]:
-            predicted = BACKGROUND_PAUSE
+            predicted = BACKGROUND_PAUSE_ESTIMATE
         else:
-            predicted = _CHEAPEST + int(found["bytes"]) / self._rate
+            predicted = CHEAPEST_SNAPSHOT + int(found["bytes"]) / self._rate
         if predicted > (self.cost or 0.0):
             # remember it, so the next question waits until it could be worth asking
             self.cost = predicted

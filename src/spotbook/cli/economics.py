@@ -181,6 +181,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             "cells": len(profile.cells),
             "compute_hours": round(profile.compute / HOUR, 4),
             "snapshot_seconds": round(profile.snapshot_seconds, 4),
+            "snapshot_measured": profile.snapshot_measured,
             "start_seconds": round(profile.start_seconds, 3),
             "restore_seconds": round(profile.restore_seconds, 3),
         },
@@ -209,6 +210,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         f"{p['snapshot_seconds']} s, start {p['start_seconds']} s, restore "
         f"{p['restore_seconds']} s ({p['source']})"
     )
+    if not p["snapshot_measured"]:
+        print(
+            "note     the run took no snapshot: its cost is auto's first estimate; run the "
+            "notebook with --snapshot every-cell to measure it"
+        )
     print(f"hazard   {hazard:g} preemptions per node-hour; {args.delay:g} s to a new node")
     print(f"{'strategy':<32} {'interval s':>10} {'cost ratio':>10} {'finish h':>9} {'preempt.':>8}")
     for name, row in doc["strategies"].items():

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._models import SnapshotPolicy
+from .._models import BACKGROUND_PAUSE_ESTIMATE, SnapshotPolicy
 from .._models import young_daly as young_daly  # the interval, defined with the policy
 from .._status import describe
 from ..store.runstore import RunStore
@@ -56,6 +56,8 @@ class Profile:
     # background snapshots: after the pause (snapshot_seconds) the copy writes this long
     # while the cells go on; it is lost if a preemption comes first
     write_seconds: float = 0.0
+    # False: the run took no snapshot, and snapshot_seconds is auto's own first estimate
+    snapshot_measured: bool = True
 
     @property
     def compute(self) -> float:
@@ -100,7 +102,9 @@ def profile_from_run(store: RunStore) -> Profile:
     attempts = describe(store)["attempts"]
     kernels = [float(a["kernel_start_seconds"]) for a in attempts if a.get("kernel_start_seconds")]
     restores = [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
-    snapshot = statistics.mean(costs) if costs else 0.0
+    # a run that took none (auto at a low hazard, or --snapshot off) says nothing of their
+    # cost: auto's own first estimate stands in, and the profile says so
+    snapshot = statistics.mean(costs) if costs else BACKGROUND_PAUSE_ESTIMATE
     # what the runner spends between cells (commit, and the snapshot when one is taken):
     # the kernel's part above is only a piece of it
     order = sorted(records.values(), key=lambda r: float(r.get("start") or 0.0))
@@ -144,6 +148,7 @@ def profile_from_run(store: RunStore) -> Profile:
         finish_seconds=max(float(last.get("ended") or last_cell) - last_cell, 0.0),
         first_snapshot_after=first_after,
         write_seconds=statistics.mean(background) if background else 0.0,
+        snapshot_measured=bool(costs),
     )
 
 
