@@ -122,12 +122,6 @@ class CellLoop:
             )
             if undo and (snap_due or snaps.pending):
                 journal.note_executed(index, undo)
-            if snap_due and snaps.pending is not None and snaps.coalesce:
-                # One at a time, and under auto the cells do not wait for it: this record
-                # waits behind the one being written, and the first boundary after it has
-                # landed takes the next snapshot (the compute since keeps counting).
-                # (every-cell keeps its promise of one at every boundary: it waits.)
-                snap_due = False
             background = False
             if snap_due and snaps.background:
                 async with run.kernel_may_die(index, "while starting the snapshot after cell"):

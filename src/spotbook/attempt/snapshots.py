@@ -106,9 +106,6 @@ class Snapshots:
         self.usable: dict[str, Any] | None = None  # checked before the kernel starts
         policy = runner.spec.snapshot
         self.background = self.enabled and policy.background
-        # a snapshot due while one is being written waits for the next boundary (auto),
-        # rather than the cells waiting for it (every-cell: one at every boundary)
-        self.coalesce = self.background and policy.mode is SnapshotMode.AUTO
         self.pending: Pending | None = None
         self.pauses: list[float] = []  # what each background snapshot stopped the notebook for
         self._last_task: asyncio.Task[None] | None = None  # the latest, until settled
@@ -157,6 +154,12 @@ class Snapshots:
             return False
         if policy.mode is not SnapshotMode.AUTO:
             return policy.due(self.compute_since, self.cost)
+        if self.pending is not None:
+            # One at a time, and under auto the cells never wait for one: the next is
+            # asked for at the first boundary after this one has landed (the compute
+            # since keeps counting). (every-cell keeps its promise of one at every
+            # boundary: it waits.)
+            return False
         # not due even if it cost next to nothing, or than it did last time: no question
         if not policy.due(self.compute_since, self.cost or CHEAPEST_SNAPSHOT):
             return False

@@ -175,7 +175,10 @@ class Seal:
         self._prefix = _DOMAIN + run_id.encode() + b"\0"
 
     def mac(self, place: str, doc: dict[str, Any]) -> str:
-        msg = self._prefix + place.encode() + b"\0" + canonical(doc)
+        return self._mac_of(place, canonical(doc))
+
+    def _mac_of(self, place: str, canon: bytes) -> str:
+        msg = self._prefix + place.encode() + b"\0" + canon
         return hmac.new(self.key.secret, msg, hashlib.sha256).hexdigest()
 
     def sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
@@ -189,9 +192,7 @@ class Seal:
         text = canonical_text(doc)
         if "mac" in doc or not text.endswith("}") or text == "{}":
             return None
-        msg = self._prefix + place.encode() + b"\0" + text.encode()
-        mac = hmac.new(self.key.secret, msg, hashlib.sha256).hexdigest()
-        return f'{text[:-1]},"mac":"{mac}"}}\n'
+        return f'{text[:-1]},"mac":"{self._mac_of(place, text.encode())}"}}\n'
 
     def check(self, place: str, doc: Any) -> dict[str, Any]:
         """``doc`` if its mac is right for this run and ``place``; else refuse."""
