@@ -62,6 +62,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = ""
     raise AssertionError(f"timed out waiting for {what or predicate}")
 
 
+def wait_clock_past(t: float) -> None:
+    """Wait until the wall clock reads past ``t`` (a time.time() value): for a test whose
+    records must carry timestamps apart (a clock stamped in whole seconds), never to guess
+    how long the machine takes to do something."""
+    wait_for(lambda: time.time() > t, timeout=max(5.0, t - time.time() + 5.0), what=f"t > {t}")
+
+
 def cells_committed(run_dir: Path) -> int:
     """Number of complete cell records in a local run store (all attempts)."""
     d = run_dir / "cells"

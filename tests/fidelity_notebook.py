@@ -135,7 +135,10 @@ huge = np.ones(20_000_000)""",
     """state = {**state, 'n': state['n'] + 1}
 next(g)
 got = q.get()""",
-    # 10: another
+    # 10: another; with FID_GATE set it also waits for that file, so a test that kills the
+    # run N times can release it only after the N-th kill (the run cannot end before)
+    "while os.environ.get('FID_GATE') and not os.path.exists(os.environ['FID_GATE']):\n"
+    "    time.sleep(0.01)\n"
     "time.sleep(1.2)",
     # 11: the checks
     """import fid_helper
@@ -246,6 +249,7 @@ PATTERNS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
 RENDERED = {12: "pandas rendering", 13: "IPython display settings", 9: "IPython config"}
 CHECKS = 11  # the cell that prints the PATTERN lines
 KILL_CELLS = {"after-change": 5, "later-cell": 9}  # kill once this many cells committed
+GATE = 10  # the cell that waits for FID_GATE: records of the cells before it commit, not it
 
 
 def write(path: Path) -> None:

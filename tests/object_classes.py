@@ -357,7 +357,13 @@ def cells(libraries: list[str]) -> tuple[list[str], list[tuple[str, str, str]]]:
             var = f"o_{lib.replace('-', '_')}_{n}"
             sources.append(_rename(make, var))
             made.append((lib, cls, var))
-    sources.append("import time\ntime.sleep(1.5)")  # killed in here, after the snapshots
+    # killed in here, after the snapshots: with OBJ_GATE set it waits for that file, which
+    # the test creates only after the kill (the run cannot end first on a fast machine)
+    sources.append(
+        "import os, time\n"
+        "while os.environ.get('OBJ_GATE') and not os.path.exists(os.environ['OBJ_GATE']):\n"
+        "    time.sleep(0.01)"
+    )
     checks = [
         "def check(name, f):\n    try:\n        r = f()\n    except Exception as exc:\n"
         "        r = f'raised {type(exc).__name__}'\n    print(f'OBJ {name}: {r!r}')"
@@ -406,6 +412,7 @@ def run_table(where: Path, env: dict[str, str] | None = None) -> list[dict[str, 
 
     r = cli("run", "objects.ipynb", "ref.ipynb", "--run-dir", "ref")
     assert r.returncode == 0, r.stderr
+    run_env["OBJ_GATE"] = str(where / "gate")  # the killed run and its resume wait for it
     proc = subprocess.Popen(
         [*spot, "run", "objects.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell"],
         cwd=where,
@@ -421,9 +428,10 @@ def run_table(where: Path, env: dict[str, str] | None = None) -> list[dict[str, 
         snap.is_dir() and any(n.startswith(f"{sleeper - 1:05d}-") for n in os.listdir(snap))
     ):
         assert time.monotonic() < deadline and proc.poll() is None, "no snapshot before the kill"
-        time.sleep(0.05)
+        time.sleep(0.05)  # a poll: the snapshot's manifest is the event waited for
     proc.kill()
     proc.communicate()
+    (where / "gate").touch()
     r = cli("resume", "rd")
     assert r.returncode == 0, r.stderr
     status = json.loads(cli("status", "rd", "--json").stdout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import signal
 import time
 from pathlib import Path
@@ -14,7 +15,15 @@ import pytest
 
 from spotbook.store.runstore import RunStore
 
-from .conftest import cells_committed, cli, kill, start_cli, wait_for, write_notebook
+from .conftest import (
+    cells_committed,
+    cli,
+    kill,
+    start_cli,
+    wait_clock_past,
+    wait_for,
+    write_notebook,
+)
 from .servers import FakeKube
 from .test_cluster import disrupted, pod, submit_args, terminated, worker
 
@@ -121,8 +130,9 @@ def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube:
     assert code == 75, err
     kube.put("pods", disrupted("p1", run_id, "gke-spot-1", "EvictionByEvictionAPI"))
     # the replacement waits for a node, then is bound to one (the API's clock has whole
-    # seconds) and pulls its image before the worker process starts
-    time.sleep(1.2)
+    # seconds: the bind is stamped a whole second after the stop) and pulls its image
+    # before the worker process starts
+    wait_clock_past(math.floor(time.time()) + 1.0)
     bound = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     condition = {
         "type": "PodScheduled",
@@ -130,7 +140,7 @@ def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube:
         "lastTransitionTime": bound.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     kube.put("pods", pod("p2", run_id, "Running", node="gke-spot-2", conditions=[condition]))
-    time.sleep(0.2)  # the image pull: the worker starts clearly after the bind
+    wait_clock_past(bound.timestamp() + 0.2)  # the image pull: the worker starts after it
     w2 = worker(work, rd, "p2", "gke-spot-2", kube)
     out, err = drill.communicate(timeout=120)
     assert drill.returncode == 0, err

@@ -10,19 +10,22 @@ variable: only for replays of cells that wrote files), or it *failed* the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
 import signal
-import time
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from spotbook.store.runstore import RunStore
+
 from . import fidelity_notebook as fnb
-from .conftest import FIDELITY, Place, cli, kill, load, start_cli, wait_for
+from .conftest import FIDELITY, Place, cells_committed, cli, kill, load, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
@@ -33,14 +36,23 @@ RESUME_ENV = {**ENV, "PYTHONHASHSEED": "random"}
 
 
 @pytest.fixture(scope="module")
-def fid_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def fid_reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], float]:
+    """The fidelity notebook run once, uninterrupted: its patterns and its duration."""
     where = tmp_path_factory.mktemp("fidelity-reference")
     fnb.write(where / "fid.ipynb")
     r = cli("run", "fid.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=ENV)
     assert r.returncode == 0, r.stderr
-    found = fnb.patterns(load(where / "ref.ipynb"))
+    nb = load(where / "ref.ipynb")
+    found = fnb.patterns(nb)
     assert len(found) >= 40 and "Traceback" not in json.dumps(found)
-    return found
+    seconds = float(nb["metadata"]["papermill"]["duration"])
+    assert seconds > 0
+    return found, seconds
+
+
+@pytest.fixture(scope="module")
+def fid_reference(fid_reference_run: tuple[dict[str, str], float]) -> dict[str, str]:
+    return fid_reference_run[0]
 
 
 def _status(work: Path, place: Place) -> dict[str, Any]:
@@ -130,19 +142,62 @@ def test_resume_is_identical_or_names_what_differs(
         assert not fidelity["exact"]
 
 
+KILLS_PER_TRIAL = 26
+
+
+def _kill_point(rng: random.Random, proc: Any, rd: Path, seconds: float) -> str:
+    """Wait for a kill point drawn at random, and say which: an instant of the run drawn
+    from the duration an uninterrupted run took on this machine, the moment the next
+    cell record commits, or a snapshot's blob being written. None of them can be missed:
+    the notebook waits at its gate cell until the test releases it."""
+
+    def committed() -> int:
+        return cells_committed(rd)
+
+    kind = rng.choice(["instant", "instant", "record", "snapshot"])
+    if kind == "instant":
+        # an instant of the run: the wait ends early only if the runner exits, which
+        # the gate rules out but for a crash (then the kill's exit code says so)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=rng.uniform(0.0, seconds))
+    elif kind == "record":
+        n = committed()
+        wait_for(lambda: committed() > n or gate_reached(rd), timeout=300, what="a record")
+    else:
+        blobs = rd / "state" / "blobs"
+        wait_for(
+            lambda: (
+                gate_reached(rd)
+                or (blobs.is_dir() and any(".tmp-" in n for n in os.listdir(blobs)))
+            ),
+            timeout=300,
+            what="a snapshot blob being written",
+        )
+    return kind
+
+
+def gate_reached(rd: Path) -> bool:
+    """Every cell before the gate has a record: the run waits in the gate cell."""
+    return len(RunStore(str(rd)).cell_records()) >= fnb.GATE
+
+
 def test_random_kills_resume_identically(
-    work: Path, fid_reference: dict[str, str], request: pytest.FixtureRequest
+    work: Path, fid_reference_run: tuple[dict[str, str], float], request: pytest.FixtureRequest
 ) -> None:
-    """52 SIGKILLs at random instants (during cells, snapshots, restores, replays) of
-    two every-cell runs; each run then finishes identical to the uninterrupted one,
-    but for a set's iteration order, which every resume that restored it names."""
+    """52 SIGKILLs at random points (during cells, snapshots, restores, replays) of two
+    every-cell runs; each run then finishes identical to the uninterrupted one, but for
+    a set's iteration order, which every resume that restored it names. The run waits at
+    its gate cell until the last kill, so every kill lands on any machine, fast or slow."""
+    fid_reference, seconds = fid_reference_run
     rng = random.Random(f"{SEED}-fidelity")
-    kills = 0
+    kills: list[str] = []
     top = work
     for trial in range(2):
         work = top / f"trial{trial}"  # the notebook writes files beside itself
         work.mkdir()
         fnb.write(work / "fid.ipynb")
+        gate = work / "gate"
+        env = {**ENV, "FID_GATE": str(gate)}
         rd = f"torture{trial}"
         proc = start_cli(
             "run",
@@ -153,22 +208,27 @@ def test_random_kills_resume_identically(
             "--snapshot",
             "every-cell",
             cwd=work,
-            env=ENV,
+            env=env,
         )
-        for _ in range(26):
-            started = work / rd / "attempts"
-            wait_for(started.is_dir, what="run started")
-            time.sleep(rng.uniform(0.0, 3.5))  # a random instant of a ~10 s run
-            if proc.poll() is not None:  # it finished before this kill: start over
-                break
-            kill(proc)
-            kills += 1
-            proc = start_cli("resume", rd, cwd=work, env=RESUME_ENV)
+        for k in range(KILLS_PER_TRIAL):
+            # each kill lands on an attempt that has claimed the run (a kill before that,
+            # while Python starts, is one the run never sees)
+            wait_for(
+                lambda k=k, url=str(work / rd): len(RunStore(url).attempt_numbers()) > k,
+                timeout=120,
+                what=f"attempt {k + 1} started",
+            )
+            kills.append(_kill_point(rng, proc, work / rd, seconds))
+            code, err = kill(proc)
+            assert code == -signal.SIGKILL, f"the run ended before kill {len(kills)}: {err}"
+            proc = start_cli("resume", rd, cwd=work, env={**RESUME_ENV, "FID_GATE": str(gate)})
+        gate.touch()
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
         got = fnb.patterns(load(work / f"out{trial}.ipynb"))
         diff = {k: (got.get(k), v) for k, v in fid_reference.items() if got.get(k) != v}
         attempts = json.loads(cli("status", rd, "--json", cwd=work).stdout)["attempts"]
+        assert len(attempts) == KILLS_PER_TRIAL + 1
         reports = [a["fidelity"] for a in attempts if a.get("fidelity")]
         request.config.stash[FIDELITY].append(
             {
@@ -182,7 +242,8 @@ def test_random_kills_resume_identically(
         assert not any("could not be rebuilt" in " ".join(r["may_differ"]) for r in reports)
         if diff:
             assert any(fnb.named("set order", r) for r in reports)
-    assert kills >= 50
+    assert len(kills) == 2 * KILLS_PER_TRIAL
+    assert {"instant", "record", "snapshot"} <= set(kills)
 
 
 def _fallback_notebook(work: Path) -> None:
