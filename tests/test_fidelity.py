@@ -85,8 +85,23 @@ CASES = [
     (where, mode, point)
     for where in ("local", "s3")
     for mode in ("every-cell", "auto", "off")
-    for point in ("after-change", "later-cell")
+    for point in ("after-change", "later-cell", "new-node")
 ] + [("local", "every-cell", "snapshot-write"), ("local", "auto", "snapshot-write")]
+
+
+def _wipe_node(work: Path, env: dict[str, str]) -> None:
+    """What a new pod sees: the working directory, home and temporary directory empty
+    (the local run store, ``rd``, stays: it stands for the volume or bucket)."""
+    for entry in work.iterdir():
+        if entry.name == "rd":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    for var in ("HOME", "TMPDIR"):
+        shutil.rmtree(env[var])
+        os.makedirs(env[var])
 
 
 @pytest.mark.parametrize(("where", "mode", "point"), CASES, indirect=["where"])
@@ -100,6 +115,10 @@ def test_resume_is_identical_or_names_what_differs(
 ) -> None:
     fnb.write(work / "fid.ipynb")
     env = {**place.env, **ENV}
+    if point == "new-node":
+        for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
+            env[var] = str(work.parent / f"{work.name}-{name}")
+            os.makedirs(env[var], exist_ok=True)
     extra = ["--snapshot-interval", "1"] if mode == "auto" else []
     proc = start_cli(
         "run",
@@ -116,11 +135,14 @@ def test_resume_is_identical_or_names_what_differs(
     if point == "snapshot-write":
         wait_for(lambda: _tmp_blob(place), timeout=120, what="a snapshot blob being written")
     else:
-        k = fnb.KILL_CELLS[point]
+        k = fnb.KILL_CELLS["later-cell" if point == "new-node" else point]
         wait_for(lambda: place.committed() >= k, timeout=120, what=f"{k} cells committed")
     code, err = kill(proc)
     assert code == -signal.SIGKILL, err
-    r = cli("resume", place.rd, cwd=work, env={**place.env, **RESUME_ENV})
+    if point == "new-node":
+        _wipe_node(work, env)
+    resume_env = {**place.env, **RESUME_ENV, **{k: env[k] for k in ("HOME", "TMPDIR") if k in env}}
+    r = cli("resume", place.rd, cwd=work, env=resume_env)
     assert r.returncode == 0, r.stderr
     got = fnb.patterns(load(work / "out.ipynb"))
     fidelity = _status(work, place)["attempts"][-1].get("fidelity") or {}

@@ -247,7 +247,25 @@ def test_on_demand_avoids_spot_nodes_and_does_not_tolerate_them(provider: str) -
 def test_cpu_only_job_has_no_gpu_limit_or_toleration() -> None:
     j = job()
     assert "nvidia.com/gpu" not in tolerations(j)
-    assert "resources" not in pod_spec(j)["containers"][0]
+    # only the working directory's disk is asked for
+    assert pod_spec(j)["containers"][0]["resources"] == {
+        "requests": {"ephemeral-storage": "20Gi"}
+    }
+
+
+def test_the_notebook_works_in_an_emptydir_at_a_stable_path() -> None:
+    """Every attempt's pod sees the same paths, HOME and TMPDIR inside the working
+    directory (where spotbook looks for the files the run writes), its size asked for."""
+    spec = pod_spec(job(work_storage="50Gi"))
+    (c,) = spec["containers"]
+    assert c["workingDir"] == "/spotbook/work"
+    assert {"name": "spotbook-work", "mountPath": "/spotbook/work"} in c["volumeMounts"]
+    assert {"name": "spotbook-work", "emptyDir": {"sizeLimit": "50Gi"}} in spec["volumes"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HOME"] == "/spotbook/work/.home" and env["TMPDIR"] == "/spotbook/work/.tmp"
+    assert c["resources"]["requests"]["ephemeral-storage"] == "50Gi"
+    with pytest.raises(UsageError, match="--work-storage"):
+        job(work_storage="lots")
 
 
 def test_labels_env_queue_and_identity() -> None:
@@ -278,7 +296,7 @@ def test_labels_env_queue_and_identity() -> None:
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["WANDB_MODE"]["value"] == "offline"
     assert c["resources"] == {
-        "requests": {"cpu": "2", "memory": "8Gi"},
+        "requests": {"ephemeral-storage": "20Gi", "cpu": "2", "memory": "8Gi"},
         "limits": {"memory": "8Gi"},
     }
 
@@ -372,10 +390,12 @@ def test_secrets_reach_the_pod_by_reference_only() -> None:
     # the run key: a read-only mount of the Secret, and the runner told where
     assert env["SPOTBOOK_SNAPSHOT_KEY_FILE"]["value"] == "/var/run/secrets/spotbook/key"
     assert "SPOTBOOK_SNAPSHOT_KEY" not in env
-    (volume,) = pod_spec(j)["volumes"]
+    work, volume = pod_spec(j)["volumes"]
+    assert work["name"] == "spotbook-work"
     assert volume["secret"]["secretName"] == "spotbook-run-key"
     assert c["volumeMounts"] == [
-        {"name": volume["name"], "mountPath": "/var/run/secrets/spotbook", "readOnly": True}
+        {"name": "spotbook-work", "mountPath": "/spotbook/work"},
+        {"name": volume["name"], "mountPath": "/var/run/secrets/spotbook", "readOnly": True},
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
@@ -108,6 +109,11 @@ class AttemptRecord(TypedDict, total=False):
     fidelity: dict[str, Any]
     fallback: dict[str, Any]
     files_given_back: list[str]
+    # the run's files this node lacked, put back before the kernel started
+    files_restored: dict[str, Any]
+    # which machine: its boot id (a new one is another machine, or a reboot) and hostname
+    boot_id: str
+    environment_replayed: list[int]  # cells replayed first: the environment they changed
     snapshots_off: str
     snapshots_sync: str  # why snapshots were not taken in the background
     background_snapshots: int
@@ -148,6 +154,9 @@ STATUS_ATTEMPT_FIELDS = (
     "resumed_at",
     "restore_seconds",
     "redone_seconds",
+    "boot_id",
+    "files_restored",
+    "environment_replayed",
     "checkpoint_restored_bytes",
     "checkpoint_uploaded_bytes",
     "checkpoint_files",
@@ -191,8 +200,16 @@ class SnapshotPolicy:
     # written by a fork of the kernel while the notebook goes on, where that is safe
     background: bool = True
     hazard: float = 1.0  # preemptions expected per node-hour
+    # the run's files saved with each snapshot: at most this many bytes, none that match
+    files_budget: int = 20 << 30
+    files_exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "files_exclude", tuple(self.files_exclude))
+        if not (isinstance(self.files_budget, int) and self.files_budget >= 0):
+            raise UsageError("--files-budget must be a size of zero bytes or more")
+        if not all(isinstance(g, str) and g for g in self.files_exclude):
+            raise UsageError("--files-exclude takes a non-empty glob")
         if self.min_gap < 0:
             raise UsageError("the snapshot policy's min gap must not be negative")
         if self.interval is not None and self.interval < 0:
@@ -223,13 +240,22 @@ class SnapshotPolicy:
         *,
         background: bool = True,
         hazard: float = 1.0,
+        files_budget: int = 20 << 30,
+        files_exclude: tuple[str, ...] = (),
     ) -> SnapshotPolicy:
         try:
             mode = SnapshotMode(text)
         except ValueError:
             choices = ", ".join(m.value for m in SnapshotMode)
             raise UsageError(f"--snapshot must be one of {choices}, not {text!r}") from None
-        return cls(mode=mode, interval=interval, background=background, hazard=hazard)
+        return cls(
+            mode=mode,
+            interval=interval,
+            background=background,
+            hazard=hazard,
+            files_budget=files_budget,
+            files_exclude=files_exclude,
+        )
 
 
 # auto's estimates of a snapshot's cost before one is measured: the least any costs (a
@@ -248,6 +274,21 @@ def young_daly(snapshot_seconds: float, mtbf: float) -> float:
         return m
     r = c / (2 * m)
     return math.sqrt(2 * c * m) * (1 + math.sqrt(r) / 3 + r / 9) - c
+
+
+_SIZE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SIZE_UNITS |= {"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """A size in bytes: '500000', '500M', '20G', '1.5GiB' (B optional)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?)?b?\s*", str(text), re.I)
+    if m is None:
+        raise UsageError(f"{flag} takes a size such as 500M or 20G, not {text!r}")
+    value = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()]
+    if not math.isfinite(value) or value > 1 << 60:
+        raise UsageError(f"{flag} {text!r} is too large")
+    return int(value)
 
 
 def parse_rate(text: str, flag: str = "--hazard", allow_zero: bool = False) -> float:

@@ -115,6 +115,10 @@ class CellLoop:
                 ok = exiting and result.error["evalue"] in _EXIT_OK
                 status = CellStatus.EXITED if ok else CellStatus.FAILED
             record = journal.record(index, result, t0, duration, status, run.session)
+            snaps.note_files(record)
+            if record.pop("checkpoint", False):
+                # what the cell saved in checkpoint_dir() is in the store before its record
+                await run.save_checkpoint_dir(index)
             undo = record.get("undo")
             await snaps.settle(wait=False)  # the one in the background, if it is done
             snap_due = (

@@ -65,6 +65,11 @@ class Attempt(Protocol):
         """The kernel dying in the block: exit 75 after a notice, else KernelDiedError."""
         ...
 
+    def save_checkpoint_dir(self, index: int) -> Awaitable[None]:
+        """Upload the checkpoint directory now (object stores), before cell ``index``'s
+        record commits."""
+        ...
+
     def resume_hint(self) -> str:
         """What to tell the user to continue the run."""
         ...

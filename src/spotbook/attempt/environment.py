@@ -37,9 +37,21 @@ def process_started(pid: int | str = "self") -> float | None:
         return None
 
 
+def boot_id() -> str | None:
+    """This machine's boot id (Linux): another one means another machine, or a reboot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read(64).strip() or None
+    except OSError:
+        return None
+
+
 def where() -> AttemptRecord:
     """Host, pid and the Kubernetes placement, as far as the environment tells."""
     out: AttemptRecord = {"host": socket.gethostname(), "pid": os.getpid()}
+    boot = boot_id()
+    if boot:
+        out["boot_id"] = boot
     started = process_started()
     if started is not None:
         out["process_started"] = round(started, 3)

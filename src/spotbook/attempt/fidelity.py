@@ -7,10 +7,12 @@ deterministic notebook); ``--strict-resume`` refuses to go on when it is false.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from .replay import ResumePlan
+from .run_files import RunFiles
 
 _PART = "\x00part:"
 
@@ -25,6 +27,47 @@ class FidelityReport:
     dropped: list[str] = field(default_factory=list)
     may_differ: list[str] = field(default_factory=list)
     undone: list[str] = field(default_factory=list)
+    files: dict[str, Any] = field(default_factory=dict)  # what this node lacked and got back
+    environment: list[int] = field(default_factory=list)  # cells replayed for the environment
+
+    def files_checked(
+        self,
+        doc: dict[str, Any],
+        restored: dict[str, Any] | None,
+        records: dict[int, dict[str, Any]],
+        files: RunFiles | None,
+    ) -> None:
+        """What of the run's files this node lacks after the restore, by name: a file that
+        could not be put back, one that was not saved (excluded, over the budget) and is
+        not here, one a finished cell wrote outside the scanned directories that is gone.
+        Never "nothing known to differ" while a file the run wrote is missing."""
+        listed = doc.get("files") or {}
+        if restored:
+            self.files = {k: restored[k] for k in ("files", "bytes") if k in restored}
+        for path, why in sorted(((restored or {}).get("failed") or {}).items()):
+            self.may_differ.append(f"file {path} could not be put back on this node ({why})")
+        for path, entry in sorted((listed.get("skipped") or {}).items()):
+            if not os.path.lexists(path):
+                self.may_differ.append(
+                    f"file {path} ({int(entry.get('size') or 0)} bytes) was not saved "
+                    f"({entry.get('why')}) and is missing on this node"
+                )
+        entries = listed.get("entries") or {}
+        after = int(doc["after"])
+        deleted = {
+            p for i, r in records.items() for p in (r.get("effects") or {}).get("deletes") or ()
+        }
+        for i, rec in sorted(records.items()):
+            if i > after:
+                continue  # replayed: it writes its files again
+            for path in rec.get("written") or ():
+                scanned = files is not None and files.covers(path) and not listed.get("truncated")
+                if path in entries or path in deleted or scanned or os.path.lexists(path):
+                    continue
+                self.may_differ.append(
+                    f"file {path}, written by cell {i}, is missing on this node (it was not "
+                    "saved with the snapshot)"
+                )
 
     def restored(
         self, doc: dict[str, Any], failed: dict[str, str], process_failed: dict[str, str]
@@ -32,7 +75,7 @@ class FidelityReport:
         """What a loaded snapshot gave back, and what it could not."""
         self.variables = sum(1 for n in doc["vars"] if n not in failed)
         parts = list(doc.get("env") or {}) + [
-            name[len(_PART) :] for name, _ in doc["stream"]["segments"] if name.startswith(_PART)
+            s[0][len(_PART) :] for s in doc["stream"]["segments"] if s[0].startswith(_PART)
         ]
         self.process = [p for p in parts if p not in process_failed]
         for part, why in sorted((doc.get("uncaptured") or {}).items()):
@@ -76,6 +119,8 @@ class FidelityReport:
             "not_restored_unused": self.dropped,
             "may_differ": list(self.may_differ),
             "files_given_back": list(self.undone),
+            "files_restored": dict(self.files),
+            "environment_replayed": list(self.environment),
         }
 
 
@@ -95,6 +140,18 @@ def summary_lines(fidelity: dict[str, Any]) -> list[str]:
     dropped = fidelity.get("not_restored_unused") or []
     if dropped:
         lines.append(f"not restored, and no later cell reads them: {', '.join(dropped)}")
+    files = fidelity.get("files_restored") or {}
+    if files.get("files"):
+        lines.append(
+            f"this node lacked the run's files: {files['files']} restored "
+            f"({files.get('bytes', 0) / 1e6:.1f} MB) before the kernel started"
+        )
+    env = fidelity.get("environment_replayed") or []
+    if env:
+        lines.append(
+            f"environment: cell{'s' if len(env) > 1 else ''} {', '.join(map(str, env))} "
+            "replayed first (what they installed was missing)"
+        )
     for item in fidelity.get("files_given_back") or []:
         lines.append(f"the cell that runs again: {item}")
     for item in fidelity.get("may_differ") or []:

@@ -55,6 +55,11 @@ class FilesSync:
         except (SupersededError, StorageError) as exc:
             log.error("could not save the checkpoint directory: %s", exc)
 
+    async def now(self) -> None:
+        """Upload what changed, now (a cell wrote into the directory): its record commits
+        after this, so a kill never leaves a committed cell without its files."""
+        await self._sync()
+
     async def _sync(self) -> None:
         self.journal.fence()
         result = await asyncio.to_thread(self.files.sync)

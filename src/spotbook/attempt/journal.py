@@ -192,7 +192,7 @@ class Journal:
         if index in self._spilled:
             rec["spilled"] = self._spilled.pop(index)
         noted = cell_effects(result)
-        for key in ("effects", "pre", "undo"):
+        for key in ("effects", "pre", "undo", "written", "checkpoint"):
             if noted.get(key):
                 rec[key] = noted[key]
         display_ids = session.display_ids(index)

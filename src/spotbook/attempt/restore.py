@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ResumeRefusedError
 from ..notebook import document as nbs
+from .env_cells import env_cells
 from .executor import KernelDied, python_transform
 from .fidelity import FidelityReport
 from .replay import ResumePlan, plan_resume
@@ -52,6 +53,13 @@ class Restorer:
         m0 = time.monotonic()
         doc = snaps.usable
         report = FidelityReport(snapshot=doc["name"] if doc else None, undone=self.undone)
+        if doc is not None:
+            report.files_checked(
+                doc,
+                journal.attempt_rec.get("files_restored"),
+                records,
+                self.snapshots.files,
+            )
         failed: dict[str, str] = {}
         kinds: dict[str, str] = {}
         try:
@@ -63,6 +71,7 @@ class Restorer:
                         f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
                     )
                 )
+                await self._environment(doc, report)
                 await snaps.kernel_call(
                     f"{KERNEL_MODULE}.reimport({snaps.blob_dir()!r}, {doc['imports']!r})", start
                 )
@@ -152,6 +161,46 @@ class Restorer:
             log.warning("may differ from an uninterrupted run: %s", line)
         return plan, start
 
+    async def _environment(self, doc: dict[str, Any], report: FidelityReport) -> None:
+        """Replay the cells that changed the environment where their effect is gone (a new
+        node has the image's environment), before anything is unpickled; then name the
+        modules the state needs that still cannot be imported."""
+        run, snaps = self.run, self.snapshots
+        session = run.session
+        assert session is not None
+        cells = env_cells(nbs.cell_sources(run.nb), nbs.cell_tags(run.nb), int(doc["after"]))
+        probe = f"{KERNEL_MODULE}.missing_modules({snaps.blob_dir()!r}, {doc['imports']!r})"
+        missing: list[str] = json.loads(await session.evaluate(probe))
+        lost_files = bool((run.journal.attempt_rec.get("files_restored") or {}).get("files"))
+        todo = []
+        for cell in cells:
+            if cell.checkable:
+                names = json.dumps(list(cell.packages))
+                lacking = json.loads(
+                    await session.evaluate(f"{KERNEL_MODULE}.not_installed({names!r})")
+                )
+                if lacking:
+                    todo.append(cell.index)
+            elif lost_files or missing:
+                todo.append(cell.index)  # no name to check: replayed where the node is new
+        for index in todo:
+            await self._replay(index)
+        if todo:
+            run.journal.attempt_rec["environment_replayed"] = todo
+            report.environment = list(todo)
+            missing = json.loads(await session.evaluate(probe))
+        if missing:
+            report.may_differ.append(
+                f"module{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which the "
+                "state needs, cannot be imported on this node"
+                + (
+                    f" (even after replaying cell{'s' if len(todo) > 1 else ''} "
+                    f"{', '.join(map(str, todo))})"
+                    if todo
+                    else " and no cell installs them: install them in the image"
+                )
+            )
+
     async def _set_pre(self, index: int, report: FidelityReport) -> None:
         """Before a chain cell: the cwd, environment and generators it first started from."""
         session, records = self.run.session, self.run.journal.records
@@ -199,6 +248,11 @@ class Restorer:
         )
         assert run.session is not None
         await run.session.shutdown()
+        if self.snapshots.files is not None:
+            # a fresh run starts from its inputs, not from the files it made last time
+            removed = self.snapshots.files.remove_created()
+            if removed:
+                log.info("removed %d files the run had made, before it runs again", len(removed))
         journal.records = {}
         journal.note(
             resumed_from=0,  # this attempt's records replace every earlier one's

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -56,6 +57,8 @@ from .journal import Journal, exited_early, start_index
 from .notice import Notice
 from .replay import ResumePlan
 from .restore import Restorer, undo_files
+from .run_files import FilesIntegrityError, FilesPolicy, RunFiles, copy_blob, verify
+from .run_files import restore as restore_files
 from .snapshots import KERNEL_MODULE, Snapshots
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,7 @@ class Runner:
         self._files_manifest: dict[str, Any] | None = None
         self._kernel_env: dict[str, str] = {}
         self._undone: list[str] = []  # files given back to the cell that runs again
+        self._run_tmp_dir: str | None = None  # the kernel's TMPDIR, the same every attempt
 
     # -- entry ---------------------------------------------------------------
     def run(self) -> RunResult:
@@ -188,6 +192,89 @@ class Runner:
         self.snapshots.usable = self.snapshots.find_usable(start)
         self._files_manifest = None if self.store.local else self.store.files_manifest()
 
+    def _run_tmp(self) -> str | None:
+        """The run's own temporary directory, at the same path in every attempt (so a
+        path a cell kept in a variable still works after a resume), given to the kernel
+        as TMPDIR; None where another user's directory is in the way."""
+        base = os.environ.get("SPOTBOOK_RUN_TMP") or tempfile.gettempdir()
+        path = os.path.join(base, f"spotbook-run-{self.spec.run_id}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            log.warning("%s is not this user's private directory: the kernel keeps TMPDIR", path)
+            return None
+        return path
+
+    def _stable_checkpoint_dir(self) -> str:
+        base = os.environ.get("SPOTBOOK_RUN_TMP") or tempfile.gettempdir()
+        path = os.path.join(base, f"spotbook-checkpoint-{self.spec.run_id}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            log.warning("%s is not this user's private directory: using a new one", path)
+            return os.path.join(self.tmp, "files")
+        for entry in os.listdir(path):  # what an earlier attempt here left: the store's wins
+            full = os.path.join(path, entry)
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.unlink(full)
+        return path
+
+    def _prepare_files(self, checkpoint: str, run_tmp: str | None) -> None:
+        """The run's files: put back what the restored snapshot lists and this node lacks
+        (before the kernel starts: a module a cell wrote must import), and watch the rest."""
+        if not self.snapshots.enabled:
+            return
+        spec = self.spec
+        # never the runner's own files: its private directory (staged blobs, the notice),
+        # the checkpoint directory, OUTPUT, a local store
+        skip = [self.tmp, checkpoint, os.path.abspath(spec.output) if spec.output else ""]
+        if self.store.local:
+            skip.append(self.store.path(""))
+        workdir = os.path.abspath(spec.cwd or os.getcwd())
+        files = RunFiles(
+            [workdir, *([run_tmp] if run_tmp else [])],
+            skip=skip,
+            policy=FilesPolicy(spec.snapshot.files_budget, tuple(spec.snapshot.files_exclude)),
+        )
+        doc = (self.snapshots.usable or {}).get("files")
+        if doc:
+            if self.store.local:
+                fetch = copy_blob(self.store.path("state/blobs"))
+            else:
+                fetch = self._fetch_blob
+            try:
+                done = restore_files(doc, fetch)
+            except FilesIntegrityError as exc:
+                assert self.store.seal is not None and self.snapshots.usable is not None
+                where = f"state/snap/{self.snapshots.usable['name']}"
+                raise self.store.seal.refuse(where, str(exc)) from None
+            self.journal.attempt_rec["files_restored"] = {
+                "files": done.files,
+                "bytes": done.bytes,
+                "seconds": round(done.seconds, 3),
+                **({"failed": done.failed} if done.failed else {}),
+            }
+            if done.files:
+                log.info(
+                    "this node lacked %d of the run's files: restored them (%d bytes, %.2f s)",
+                    done.files,
+                    done.bytes,
+                    done.seconds,
+                )
+        files.begin(doc)
+        self.snapshots.files = files
+
+    def _fetch_blob(self, digest: str, path: str) -> None:
+        self.store.get_file(self.store.blob_path(digest), path)
+        verify(path, digest)
+
     # -- the attempt ----------------------------------------------------------------
     async def _attempt(self, start: int) -> RunResult:
         notice, journal = self.notice, self.journal
@@ -199,8 +286,13 @@ class Runner:
         # Local stores hold the checkpoint directory itself, so it survives a kill;
         # object stores get a local directory that is synced (see files_sync).
         local = self.store.local
-        checkpoint = self.store.path("files") if local else os.path.join(self.tmp, "files")
+        run_tmp = self._run_tmp_dir = self._run_tmp()
+        # the checkpoint directory: the local store's own; for an object store, a local
+        # directory at the same path in every attempt (a path a cell kept still works),
+        # emptied and filled from the store's newest manifest
+        checkpoint = self.store.path("files") if local else self._stable_checkpoint_dir()
         make_private_dirs(checkpoint)
+        await asyncio.to_thread(self._prepare_files, checkpoint, run_tmp)
         files_restored: asyncio.Future[int] | None = None
         if not local:
             files = CheckpointDir(self.store, checkpoint, journal.attempt)
@@ -213,6 +305,7 @@ class Runner:
                 "SPOTBOOK_RUN_ID": self.spec.run_id,
                 "SPOTBOOK_NOTICE_FILE": notice.path,
                 "SPOTBOOK_CHECKPOINT_DIR": checkpoint,
+                **({"TMPDIR": run_tmp} if run_tmp else {}),
                 **({"PYTHONHASHSEED": self.spec.hash_seed} if self.spec.hash_seed else {}),
             }
         )
@@ -311,6 +404,9 @@ class Runner:
             self.journal.end(outcome, error=error)
         self.journal.refresh(self.session, force=True, final=True)
         self.journal.set_status(status, error or "")
+        if status is RunStatus.SUCCEEDED and self._run_tmp_dir:
+            # nothing resumes a finished run: its temporary files go, as a kernel's would
+            shutil.rmtree(self._run_tmp_dir, ignore_errors=True)
 
     async def _final_files_sync(self) -> None:
         if self._files is not None:
@@ -365,6 +461,10 @@ class Runner:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+
+    async def save_checkpoint_dir(self, index: int) -> None:
+        if self._files is not None:
+            await self.race(self._files.now(), grace=self.grace, index=index)
 
     def resume_hint(self) -> str:
         return f"continue with `spotbook resume {self.store.url}`"

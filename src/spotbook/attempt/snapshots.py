@@ -34,6 +34,7 @@ from .._models import (
     SnapshotMode,
 )
 from ..store.runstore import CellKey
+from .run_files import RunFiles
 
 if TYPE_CHECKING:
     from .context import Attempt
@@ -57,6 +58,8 @@ class Pending:
     result: str  # where the copy leaves its manifest (complete, or not at all)
     started: float  # monotonic
     pause: float  # what it stopped the notebook for
+    # the run's files, staged at the boundary (the large ones being saved meanwhile)
+    files: asyncio.Future[dict[str, Any]] | None = None
     held: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     # commits it (and the held records) the moment it is complete, even mid-cell
     task: asyncio.Task[None] | None = None
@@ -112,6 +115,9 @@ class Snapshots:
         # the cost measured last was a background snapshot's (it does not grow with the
         # state as a synchronous one's does)
         self._background_cost = False
+        # the run's files, captured with each snapshot (set by the runner once it knows
+        # where the kernel works)
+        self.files: RunFiles | None = None
 
     def seed(self, doc: dict[str, Any]) -> None:
         """Take the restored snapshot's measured cost as the policy's first estimate, so a
@@ -184,6 +190,32 @@ class Snapshots:
             self.cost = predicted
         return policy.due(self.compute_since, self.cost)
 
+    def note_files(self, record: dict[str, Any]) -> None:
+        """The paths a finished cell opened for writing, for the next capture."""
+        if self.files is not None and record.get("written"):
+            self.files.note(record["written"])
+
+    async def _capture_files(self, index: int) -> asyncio.Future[dict[str, Any]] | None:
+        """The run's files as they are at this cell boundary: scanned, the small changed
+        ones saved now (before the next cell can change them); the large ones saved by
+        the returned task, beside the next cell (the manifest waits for it)."""
+        if self.files is None:
+            return None
+        try:
+            rest = await asyncio.to_thread(self.files.stage, self.blob_dir())
+        except OSError as exc:
+            raise self._unwritable(index + 1, exc) from None
+
+        async def finish() -> dict[str, Any]:
+            try:
+                doc, written = await asyncio.to_thread(rest)
+            except OSError as exc:
+                raise self._unwritable(index + 1, exc) from None
+            self.run.journal.blob_bytes += written
+            return doc
+
+        return asyncio.ensure_future(finish())
+
     async def take(self, index: int) -> None:
         """Snapshot the kernel's state after cell ``index`` and commit its manifest."""
         run, journal = self.run, self.run.journal
@@ -214,9 +246,14 @@ class Snapshots:
                 return
         assert raw is not None
         manifest = json.loads(raw)
+        # the run's files after the kernel's snapshot, which flushed the notebook's open
+        # files (what a handle's position says is on disk), and before the next cell
+        files = await self._capture_files(index)
+        if files is not None:
+            manifest["files"] = await files
         if not run.store.local:
             await run.race(
-                asyncio.to_thread(self._upload, manifest["new_blobs"]),
+                asyncio.to_thread(self._upload, self._needed(manifest)),
                 grace=run.grace,
                 index=index,
             )
@@ -260,6 +297,8 @@ class Snapshots:
             "cost_seconds": round(cost, 6),
             "written_seconds": round(written, 6),
         }
+        if manifest.get("files") is not None:
+            doc["files"] = manifest["files"]
         if pause is not None:
             doc["pause_seconds"] = round(pause, 6)
             if "cpu_seconds" in manifest:
@@ -286,8 +325,11 @@ class Snapshots:
         if "unsafe" in answer:
             self._synchronous(answer["unsafe"])
             return False
+        # the kernel flushed the notebook's open files before it forked, and waits for
+        # the next cell: the files as they are now are the snapshot's
+        files = await self._capture_files(index)
         pause = time.monotonic() - m0
-        p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause)
+        p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause, files)
         p.task = self._last_task = asyncio.ensure_future(self._complete(p))
         self.pauses.append(pause)
         self.compute_since = 0.0
@@ -324,8 +366,10 @@ class Snapshots:
         try:
             if "error" in found:
                 raise RuntimeError(found["error"])
+            if p.files is not None:
+                found["files"] = await p.files
             if not self.run.store.local:
-                await asyncio.to_thread(self._upload, found["new_blobs"])
+                await asyncio.to_thread(self._upload, self._needed(found))
             # what the notebook paid: the pause, and the copy's share of the CPUs it
             # took from the machine while the cells went on
             cost = p.pause + float(found.get("cpu_seconds") or 0.0) / max(
@@ -422,6 +466,15 @@ class Snapshots:
         if self.cost is not None and self.cost * 2 < left:
             with contextlib.suppress(Terminated):
                 await self.take(index)
+
+    def _needed(self, manifest: dict[str, Any]) -> list[str]:
+        """The blobs a manifest needs in the store: the kernel's new ones, and every
+        captured file's (those already sent are skipped in ``_upload``)."""
+        files = manifest.get("files") or {}
+        digests = [
+            e["sha256"] for e in (files.get("entries") or {}).values() if e.get("kind") == "file"
+        ]
+        return [*manifest["new_blobs"], *digests]
 
     def _upload(self, digests: list[str]) -> None:
         """Object stores: send the blobs the kernel staged that the store lacks."""

@@ -55,6 +55,7 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         gpu_count=gpu_count,
         cpu=args.cpu,
         memory=args.memory,
+        work_storage=getattr(args, "work_storage", None) or "20Gi",
         service_account=args.service_account,
         env=parse_env(args.env),
         secret_env=parse_secret_env(args.secret_env),

@@ -12,6 +12,7 @@ from .._models import (
     Limits,
     SnapshotPolicy,
     parse_rate,
+    parse_size,
 )
 
 log = logging.getLogger("spotbook")
@@ -137,6 +138,21 @@ def _add_execution_flags(p: argparse.ArgumentParser) -> None:
         "much come at least as often as this rate makes them worth (default 1/h)",
     )
     s.add_argument(
+        "--files-budget",
+        default="20G",
+        metavar="SIZE",
+        help="save at most SIZE of the files the run writes with its snapshots (default 20G); "
+        "what is over it is named when a resume on a new node lacks it",
+    )
+    s.add_argument(
+        "--files-exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="do not save files matching GLOB (on the path, its name, or its path under the "
+        "working directory) with the snapshots; repeatable",
+    )
+    s.add_argument(
         "--max-preemptions",
         type=int,
         metavar="N",
@@ -185,6 +201,14 @@ def _add_submit_flags(p: argparse.ArgumentParser, image_required: bool = True) -
     k.add_argument("--gpu", metavar="TYPE[:COUNT]", help="e.g. nvidia-l4, nvidia-l4:2, or 1")
     k.add_argument("--cpu", metavar="CPU", help="CPU request, e.g. 4 or 500m")
     k.add_argument("--memory", metavar="MEM", help="memory request and limit, e.g. 16Gi")
+    k.add_argument(
+        "--work-storage",
+        default="20Gi",
+        metavar="SIZE",
+        help="the notebook's working directory in the pod (an emptyDir at /spotbook/work, "
+        "with HOME and TMPDIR in it): its size limit and ephemeral-storage request "
+        "(default 20Gi)",
+    )
     k.add_argument(
         "--spot",
         dest="spot",
@@ -668,4 +692,6 @@ def snapshot_policy(args: argparse.Namespace) -> SnapshotPolicy:
         args.snapshot_interval,
         background=getattr(args, "snapshot_background", True),
         hazard=parse_rate(getattr(args, "snapshot_hazard", "1/h"), "--snapshot-hazard"),
+        files_budget=parse_size(getattr(args, "files_budget", "20G"), "--files-budget"),
+        files_exclude=tuple(getattr(args, "files_exclude", None) or ()),
     )

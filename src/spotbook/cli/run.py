@@ -249,6 +249,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             "rand -hex 32)`), mount it and set SPOTBOOK_SNAPSHOT_KEY_FILE to the file "
             "(`spotbook submit` does this itself; see docs/kubernetes.md)"
         )
+    for var in ("HOME", "TMPDIR"):
+        # in the pod these lie in the working directory's emptyDir, new on every node
+        where = os.environ.get(var)
+        if where and not os.path.isdir(where):
+            os.makedirs(where, mode=0o700, exist_ok=True)
     target = resolve_target(args.run_dir, os.environ)
     store = open_target(target)
     if store.exists(CANCELLED):

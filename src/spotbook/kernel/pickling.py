@@ -79,6 +79,9 @@ def std_stream(name: str) -> Any:
 # set once the notebook holds a file open for writing (opened by a cell, or reopened by a
 # restore): before the kernel forks for a snapshot, such files are flushed
 WRITING_FILES: list[bool] = []
+# set while a snapshot checks that a segment loads back: reconstructors that touch the
+# world (files, databases) then make nothing
+CHECKING = {"on": False}
 
 
 def reopen(
@@ -90,6 +93,8 @@ def reopen(
     closed: bool,
 ) -> Any:
     """An open file as it was at the snapshot (see the module docstring)."""
+    if CHECKING["on"]:
+        return None  # a load check: nothing on disk is touched
     writing = bool(_WRITING & set(mode))
     if closed:
         how = ("r", text or {}) if text is not None else ("rb", {})
@@ -116,6 +121,8 @@ def reopen(
 
 
 def restore_sqlite(path: str, image: bytes | None, isolation_level: Any) -> Any:
+    if CHECKING["on"]:
+        return None  # a load check: nothing on disk is touched
     if image is None:
         return sqlite3.connect(path, isolation_level=isolation_level)
     # Copied into a plain in-memory database: a deserialized one is a different kind
@@ -309,6 +316,7 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         super().__init__(file, protocol=5, buffer_callback=on_buffer)
         self._user_globals = user_globals
         self._roots = array_roots
+        self.types: set[type] = set()  # the types the segment being written reduces
         self._std = {
             id(getattr(sys, n)): n
             for n in ("stdout", "stderr", "stdin", "__stdout__", "__stderr__", "__stdin__")
@@ -350,6 +358,7 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             found = _array_view(obj, self._roots)
             if found is not None:
                 return found
+        self.types.add(kind)
         return super().reducer_override(obj)
 
 
@@ -505,7 +514,8 @@ def dump_namespace(
     """Pickle ``values`` as one stream of segments.
 
     Returns ``(doc, failed)``: ``doc`` holds the stream's blob, its segments
-    ``[name, end offset]`` in order and the out-of-band buffers' blobs in order;
+    ``[name, end offset, buffers used so far]`` in order and the out-of-band buffers'
+    blobs in order;
     ``failed`` maps each variable that could not be pickled to why.
     """
     stream = io.BytesIO()
@@ -535,8 +545,11 @@ def dump_namespace(
     )
     for name in order:
         start, nbuf, marker = stream.tell(), len(buffers), []  # type: ignore[var-annotated]
+        pickler.types = set()
         try:
             pickler.dump((marker, values[name]))
+            if LOAD_CHECK["on"]:
+                _load_check(pickler, stream, start, marker, len(buffers) > nbuf)
         except Exception as exc:  # pickling can raise anything: the variable is replayed
             failed[name] = f"{type(exc).__name__}: {exc}"[:300]
             # cut the segment out: its bytes, its buffers and the memo entries it made
@@ -548,26 +561,66 @@ def dump_namespace(
             stream.truncate()
             del buffers[nbuf:]
             continue
-        segments.append([name, stream.tell()])
+        segments.append([name, stream.tell(), len(buffers)])
     data = stream.getbuffer()
     doc = {"stream": blobs.put(data), "size": data.nbytes, "segments": segments, "buffers": buffers}
     del data
     return doc, failed
 
 
+# Types whose objects pickle but do not load back (a ``__reduce__`` that "lies") are found
+# when the snapshot is taken: each segment with a type not yet seen to load is loaded
+# once, from its bytes, against the live objects earlier segments hold, and cut out (its
+# variable replayed or named) if that fails. Only in the background snapshot's copy of the
+# kernel (loading objects in the kernel itself could change what the notebook sees, e.g.
+# pyplot's figures), and not for segments with out-of-band buffers or over 16 MB.
+LOAD_CHECK = {"on": False}
+_LOADS: set[type] = set()  # types seen to load back
+_CHECK_LIMIT = 16 << 20
+
+
+class LoadCheckError(Exception):
+    """A segment pickled, but its bytes do not load back."""
+
+
+def _load_check(pickler: Any, stream: io.BytesIO, start: int, marker: Any, oob: bool) -> None:
+    new = pickler.types - _LOADS
+    size = stream.tell() - start
+    if not new or oob or size > _CHECK_LIMIT:
+        return
+    memo = pickler.memo.copy()
+    first = memo[id(marker)][0] if id(marker) in memo else 0
+    # the pure-Python unpickler: its memo takes the live objects (the C one's does not)
+    loader: Any = pickle._Unpickler(io.BytesIO(stream.getbuffer()[start:]))
+    loader.memo = {idx: obj for idx, obj in memo.values() if idx < first}
+    CHECKING["on"] = True
+    try:
+        loader.load()
+    except Exception as exc:
+        why = f"pickles but does not load back ({type(exc).__name__}: {exc})"
+        raise LoadCheckError(why) from None
+    finally:
+        CHECKING["on"] = False
+    _LOADS.update(new)
+
+
 def load_namespace(doc: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], dict[str, str]]:
     """Load a stream :func:`dump_namespace` wrote; return ``(values, failed)``.
 
-    A segment that fails to load ends the load: later segments may refer to
-    objects it would have made, so they are reported as failed too.
+    A segment that fails to load is isolated: the load goes on at the next segment's
+    start (its offset and its first buffer are in the manifest) with what the earlier
+    segments made, so only a later segment that refers to an object of the failed one
+    fails too. (Manifests of older versions, without buffer counts, stop at the first
+    failure instead: later segments are reported as failed.)
     """
     stream = io.BytesIO(blobs.get(doc["stream"]))
-    buffers: Iterator[Any] = (_buffer(blobs, d) for d in doc["buffers"])
+    buffers = _Buffers(blobs, doc["buffers"])
     unpickler = pickle.Unpickler(stream, buffers=buffers)
     values: dict[str, Any] = {}
     failed: dict[str, str] = {}
     broken = ""
-    for name, _end in doc["segments"]:
+    for segment in doc["segments"]:
+        name = segment[0]
         if broken:
             failed[name] = f"not loaded: {broken}"
             continue
@@ -577,8 +630,36 @@ def load_namespace(doc: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], d
             raise
         except Exception as exc:  # a pickle that "lies": its cells are replayed
             failed[name] = f"{type(exc).__name__}: {exc}"[:300]
-            broken = f"loading {name!r} before it failed"
+            if len(segment) < 3:
+                broken = f"loading {name!r} before it failed"
+                continue
+            # on at the next segment, with the objects the earlier ones made (their memo)
+            stream.seek(int(segment[1]))
+            buffers.at = int(segment[2])
+            carried = pickle.Unpickler(stream, buffers=buffers)
+            carried.memo = unpickler.memo  # (a proxy is copied; a plain dict is not taken)
+            unpickler = carried
     return values, failed
+
+
+class _Buffers:
+    """The out-of-band buffers of a stream, in order, from a position that can be set
+    (after a segment that failed part-way, to the next segment's first)."""
+
+    def __init__(self, blobs: Blobs, digests: list[str]) -> None:
+        self.blobs = blobs
+        self.digests = digests
+        self.at = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self.at >= len(self.digests):
+            raise StopIteration
+        digest = self.digests[self.at]
+        self.at += 1
+        return _buffer(self.blobs, digest)
 
 
 def _buffer(blobs: Blobs, digest: str) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import process_state
 from .pickling import (
+    LOAD_CHECK,
     WRITING_FILES,
     Blobs,
     IntegrityError,
@@ -60,7 +61,15 @@ _reply_hooked = False  # each cell's note rides in its execute reply's metadata
 _result: str = ""  # what the last silent call returned, read through user_expressions
 _state: dict[str, Any] = {}  # a loaded snapshot between restore steps
 _IGNORED_PREFIXES: tuple[str, ...] = ()
+# Where Python writes that is the environment's or IPython's own, not the run's files:
+# never captured (the environment is rebuilt by replaying the cells that changed it)
+_NOT_RUN_FILES: tuple[str, ...] = ()
 _MAX_EFFECTS = 8
+# every path a cell opened for writing (beyond the report's few): the runner captures
+# those outside the directories it scans with the snapshot that covers the cell
+_written: set[str] = set()
+_MAX_WRITTEN = 4096
+_CHECKPOINT: dict[str, Any] = {"dir": "", "written": False}  # written: by the running cell
 
 
 def _shell() -> Any:
@@ -81,7 +90,7 @@ def init() -> str:
     Returns JSON: ``reply_metadata`` says whether each cell's note (:func:`cell_effects`)
     travels in the metadata of the cell's own execute reply (ipykernel), so the runner
     need not ask for it with every cell."""
-    global _IGNORED_PREFIXES, _reply_hooked
+    global _IGNORED_PREFIXES, _NOT_RUN_FILES, _reply_hooked
     if _baseline_modules:
         return json.dumps({"reply_metadata": _reply_hooked})
     process_state.set_baseline()
@@ -108,6 +117,21 @@ def init() -> str:
             os.environ.get("SPOTBOOK_CHECKPOINT_DIR", os.path.join(home, ".spotbook-none")),
         )
     )
+    checkpoint = os.environ.get("SPOTBOOK_CHECKPOINT_DIR")
+    _CHECKPOINT["dir"] = os.path.join(os.path.abspath(checkpoint), "") if checkpoint else ""
+    _NOT_RUN_FILES = tuple(
+        os.path.join(p, "")
+        for p in (
+            sys.prefix,
+            sys.base_prefix,
+            os.path.join(home, ".ipython"),
+            os.environ.get("MPLCONFIGDIR", os.path.join(home, ".matplotlib")),
+            os.environ.get("SPOTBOOK_CHECKPOINT_DIR", os.path.join(home, ".spotbook-none")),
+            "/dev/",
+            "/proc/",
+            "/sys/",
+        )
+    )
     shell = _shell()
     shell.events.register("pre_run_cell", _pre_cell)
     shell.events.register("post_run_cell", _post_cell)
@@ -130,7 +154,8 @@ def _note_in_replies(shell: Any) -> bool:
     def finish_metadata(parent: Any, metadata: Any, reply_content: Any) -> Any:
         found = finish(parent, metadata, reply_content)
         try:
-            if (_effects or _pre) and not parent["content"].get("silent"):
+            noted = _effects or _pre or _written or _CHECKPOINT["written"]
+            if noted and not parent["content"].get("silent"):
                 found = {**found, "spotbook": _cell_note()}
         except Exception:  # the note must never break the reply
             pass
@@ -141,7 +166,12 @@ def _note_in_replies(shell: Any) -> bool:
 
 
 def _cell_note() -> dict[str, Any]:
-    return {"effects": dict(_effects), "pre": dict(_pre), "undo": dict(_undo)}
+    note: dict[str, Any] = {"effects": dict(_effects), "pre": dict(_pre), "undo": dict(_undo)}
+    if _written:
+        note["written"] = sorted(_written)
+    if _CHECKPOINT["written"]:
+        note["checkpoint"] = True
+    return note
 
 
 def _pre_cell(info: Any = None) -> None:
@@ -150,6 +180,8 @@ def _pre_cell(info: Any = None) -> None:
     _effects.clear()
     _pre.clear()
     _undo.clear()
+    _written.clear()
+    _CHECKPOINT["written"] = False
     env = process_state.capture_env()
     if env != _last_env:  # sent only when it changed: most cells share their start
         _pre["env"] = _last_env = env
@@ -182,6 +214,31 @@ def _path(value: Any) -> str | None:
     return path
 
 
+def _wrote(value: Any) -> None:
+    """Remember a path the running cell writes, for the runner's capture of the run's
+    files (wherever it is, but for the environment's and IPython's own places)."""
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, str):
+        return
+    path = os.path.abspath(value)
+    if _CHECKPOINT["dir"] and path.startswith(_CHECKPOINT["dir"]):
+        _CHECKPOINT["written"] = True  # saved before the cell's record commits
+        return
+    if len(_written) >= _MAX_WRITTEN:
+        return
+    if not path.startswith(_NOT_RUN_FILES) and "__pycache__" not in path:
+        _written.add(path)
+
+
+def _unwrote(value: Any) -> None:
+    """A path the running cell removed (or renamed away): no longer one it left written."""
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if isinstance(value, str):
+        _written.discard(os.path.abspath(value))
+
+
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     """What a cell does to the world, for the fidelity report of a replay."""
     if not _recording:
@@ -197,6 +254,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             where = _path(path) if writing else None
             if writing:
                 WRITING_FILES.append(True)
+                _wrote(path)
             if where:
                 _note("writes", where)
                 if where not in _undo:
@@ -205,10 +263,14 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
                     except OSError:
                         _undo[where] = None
         elif event in ("os.remove", "os.rmdir", "shutil.rmtree"):
+            _unwrote(args[0])
             where = _path(args[0])
             if where:
                 _note("deletes", where)
         elif event in ("os.rename", "shutil.move", "shutil.copyfile"):
+            if event != "shutil.copyfile":
+                _unwrote(args[0])
+            _wrote(args[1])
             where = _path(args[1])
             if where:
                 _note("writes", where)
@@ -226,6 +288,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         elif event == "sqlite3.connect":
             where = _path(args[0]) if args[0] != ":memory:" else None
             if where:
+                _wrote(where)
                 _note("writes", where)
     except Exception:  # the hook must never break the notebook
         return
@@ -234,7 +297,7 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
 def cell_effects() -> str:
     """What the cell that just ran did outside its variables, and what it started from
     where a replay needs it (JSON)."""
-    if not _effects and not _pre:
+    if not _effects and not _pre and not _written and not _CHECKPOINT["written"]:
         return "{}"
     return json.dumps(_cell_note(), sort_keys=True)
 
@@ -297,9 +360,48 @@ def _imports() -> list[str]:
     ]
 
 
+# threads libraries start for themselves (pyzmq's garbage collector after a large message,
+# tqdm's monitor, IPython's loop for %%bash): not the notebook's, so neither a fidelity
+# alarm nor a reason to snapshot synchronously (the copy never uses them)
+_LIBRARY_THREADS = (
+    "zmq",
+    "tqdm",
+    "IPython",
+    "ipykernel",
+    "jupyter_client",
+    "tornado",
+    "traitlets",
+    "comm",
+    "ipywidgets",
+    "matplotlib",
+)
+
+
+def _script_loop() -> Any:
+    """The event loop IPython's script magics (%%bash) run in a thread of their own."""
+    with contextlib.suppress(Exception):
+        magics = _shell().magics_manager.registry.get("ScriptMagics")
+        return getattr(magics, "event_loop", None)
+    return None
+
+
+def _library_thread(t: threading.Thread) -> bool:
+    if type(t).__module__.startswith(_LIBRARY_THREADS):
+        return True
+    target = getattr(t, "_target", None)
+    owner = getattr(target, "__self__", None)
+    if owner is not None and owner is _script_loop():
+        return True
+    module = getattr(target, "__module__", None) or ""
+    return isinstance(module, str) and module.startswith(_LIBRARY_THREADS)
+
+
 def _threads() -> list[str]:
+    """The threads the notebook started that still run."""
     return sorted(
-        t.name for t in threading.enumerate() if t.ident not in _baseline_threads and t.is_alive()
+        t.name
+        for t in threading.enumerate()
+        if t.ident not in _baseline_threads and t.is_alive() and not _library_thread(t)
     )
 
 
@@ -474,6 +576,8 @@ def snapshot_fork(blob_dir: str, result_path: str) -> str:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
             random.setstate(seed_state)
+            # the copy may load what it wrote back, to find types that do not unpickle
+            LOAD_CHECK["on"] = True
             # sys.stdout/stderr stay as they are: the snapshot saves them by identity
             try:
                 manifest = json.loads(snapshot(blob_dir))
@@ -525,6 +629,37 @@ def reimport(blob_dir: str, digest: str) -> None:
         except BaseException:
             failed.append(name)
     _result = json.dumps(failed)
+
+
+def missing_modules(blob_dir: str, digest: str) -> str:
+    """The top-level modules the snapshot's notebook imported that this environment
+    cannot import (JSON list), found before anything is loaded."""
+    import importlib.util
+
+    names = json.loads(bytes(Blobs(blob_dir).get(digest)))
+    missing = []
+    for top in sorted({str(n).split(".")[0] for n in names}):
+        if top in sys.modules or top.startswith("_"):
+            continue
+        try:
+            if importlib.util.find_spec(top) is None:
+                missing.append(top)
+        except (ImportError, ValueError):
+            missing.append(top)
+    return json.dumps(missing)
+
+
+def not_installed(names_json: str) -> str:
+    """Of these distributions (pip's names), those this environment lacks (JSON list)."""
+    import importlib.metadata
+
+    lacking = []
+    for name in json.loads(names_json):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            lacking.append(name)
+    return json.dumps(lacking)
 
 
 def restore(blob_dir: str, manifest_json: str, keep: tuple[str, ...] = ()) -> None:

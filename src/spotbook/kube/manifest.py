@@ -51,6 +51,14 @@ DEFAULT_MAX_PREEMPTIONS = 20
 DEFAULT_KEY_SECRET = "spotbook-run-key"
 KEY_SECRET_ITEM = "key"
 KEY_MOUNT = "/var/run/secrets/spotbook"
+# The notebook's working directory in the pod: an emptyDir at the same path in every
+# attempt, with HOME and TMPDIR inside it (the worker makes them), so every file the
+# run writes lies where spotbook looks for it and the image's root may stay read-only.
+# It goes with the node (as its disk does): the run store brings back what a resume needs.
+WORK_MOUNT = "/spotbook/work"
+_STORAGE = re.compile(r"^[1-9][0-9]{0,15}(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+WORK_VOLUME = "spotbook-work"
+DEFAULT_WORK_STORAGE = "20Gi"
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,9 @@ class JobOptions:
     points: int | None = None
     parallelism: int | None = None
     max_failed_points: int | None = None
+    # the working directory's size: its emptyDir's sizeLimit and the ephemeral-storage
+    # the pod requests (the scheduler then picks a node with that much disk)
+    work_storage: str = DEFAULT_WORK_STORAGE
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -163,6 +174,11 @@ class JobOptions:
             )
         if self.gpu_count < 0:
             raise UsageError("--gpu COUNT must be zero or more")
+        if not _STORAGE.match(self.work_storage):
+            raise UsageError(
+                f"--work-storage {self.work_storage!r} is not a Kubernetes quantity "
+                "(e.g. 20Gi, 500Mi, 100G)"
+            )
         if not _LABEL_VALUE.match(self.run_id):
             raise UsageError(f"run id {self.run_id!r} cannot be a Kubernetes label value")
         if not _DNS_LABEL.match(self.namespace):
@@ -375,12 +391,17 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
         env.insert(1, {"name": SWEEP_ENV, "value": "1"})
     # where each attempt runs, recorded for `spotbook cost` (machine type and region
     # come from the node's metadata server)
+    env += [
+        {"name": "HOME", "value": f"{WORK_MOUNT}/.home"},
+        {"name": "TMPDIR", "value": f"{WORK_MOUNT}/.tmp"},
+        {"name": "SPOTBOOK_RUN_TMP", "value": f"{WORK_MOUNT}/.tmp"},
+    ]
     env.append({"name": "SPOTBOOK_PROVIDER", "value": opts.provider})
     env.append({"name": "SPOTBOOK_CAPACITY", "value": "spot" if opts.spot else "on-demand"})
     if opts.key_secret:
         key_file = f"{KEY_MOUNT}/{KEY_SECRET_ITEM}"
         env.append({"name": "SPOTBOOK_SNAPSHOT_KEY_FILE", "value": key_file})
-    requests: dict[str, str] = {}
+    requests: dict[str, str] = {"ephemeral-storage": opts.work_storage}
     limits: dict[str, str] = {}
     if opts.cpu:
         requests["cpu"] = opts.cpu
@@ -404,10 +425,12 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
     }
     if opts.env_from_secrets:
         container["envFrom"] = [{"secretRef": {"name": s}} for s in opts.env_from_secrets]
+    container["workingDir"] = WORK_MOUNT
+    container["volumeMounts"] = [{"name": WORK_VOLUME, "mountPath": WORK_MOUNT}]
     if opts.key_secret:
-        container["volumeMounts"] = [
+        container["volumeMounts"].append(
             {"name": "spotbook-run-key", "mountPath": KEY_MOUNT, "readOnly": True}
-        ]
+        )
     resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
     if resources:
         container["resources"] = resources
@@ -421,8 +444,9 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
     affinity = _affinity(opts, provider)
     if affinity:
         pod_spec["affinity"] = affinity
+    pod_spec["volumes"] = [{"name": WORK_VOLUME, "emptyDir": {"sizeLimit": opts.work_storage}}]
     if opts.key_secret:
-        pod_spec["volumes"] = [
+        pod_spec["volumes"] += [
             {
                 "name": "spotbook-run-key",
                 "secret": {
