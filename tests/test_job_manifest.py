@@ -248,9 +248,7 @@ def test_cpu_only_job_has_no_gpu_limit_or_toleration() -> None:
     j = job()
     assert "nvidia.com/gpu" not in tolerations(j)
     # only the working directory's disk is asked for
-    assert pod_spec(j)["containers"][0]["resources"] == {
-        "requests": {"ephemeral-storage": "20Gi"}
-    }
+    assert pod_spec(j)["containers"][0]["resources"] == {"requests": {"ephemeral-storage": "20Gi"}}
 
 
 def test_the_notebook_works_in_an_emptydir_at_a_stable_path() -> None:

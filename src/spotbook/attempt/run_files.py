@@ -423,6 +423,8 @@ def restore(
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
             return path, int(entry.get("size") or 0), None
+        except FilesIntegrityError:
+            raise  # the store was changed: the resume is refused, by name
         except (OSError, KeyError, ValueError) as exc:
             return path, 0, getattr(exc, "strerror", None) or str(exc)
 
@@ -458,7 +460,10 @@ def copy_blob(blob_dir: str) -> Callable[[str, str], None]:
     """``fetch`` for a local store: the blob copied out of its directory, checked."""
 
     def fetch(digest: str, path: str) -> None:
-        data = Blobs(blob_dir).get(digest)  # checked against its name
+        try:
+            data = Blobs(blob_dir).get(digest)  # checked against its name
+        except IntegrityError:
+            raise FilesIntegrityError(f"the blob of {path} does not match its hash") from None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:

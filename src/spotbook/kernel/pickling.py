@@ -31,6 +31,7 @@ import io
 import mmap
 import os
 import pickle
+import pickletools
 import random
 import sqlite3
 import sys
@@ -608,22 +609,39 @@ def load_namespace(doc: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], d
     """Load a stream :func:`dump_namespace` wrote; return ``(values, failed)``.
 
     A segment that fails to load is isolated: the load goes on at the next segment's
-    start (its offset and its first buffer are in the manifest) with what the earlier
-    segments made, so only a later segment that refers to an object of the failed one
-    fails too. (Manifests of older versions, without buffer counts, stop at the first
-    failure instead: later segments are reported as failed.)
+    start (its offset and first buffer are in the manifest) with what the earlier
+    segments made. The memo entries the failed segment would have made are its constants
+    where it pushed one, else placeholders (so later segments' memo indices still line
+    up), and a later segment that refers to a placeholder fails too, by name, before it
+    is loaded: an object is never rebuilt on a placeholder. (Manifests of older versions,
+    without buffer counts, stop at the first failure: later segments are reported as
+    failed.)
     """
-    stream = io.BytesIO(blobs.get(doc["stream"]))
+    raw = blobs.get(doc["stream"])
+    stream = io.BytesIO(raw)
     buffers = _Buffers(blobs, doc["buffers"])
-    unpickler = pickle.Unpickler(stream, buffers=buffers)
+    unpickler: Any = pickle.Unpickler(stream, buffers=buffers)
     values: dict[str, Any] = {}
     failed: dict[str, str] = {}
     broken = ""
+    bad: set[int] | None = None  # placeholders' memo indices, once a segment failed
+    memo_end = 0  # (counted once a segment failed) the memo's length before this segment
+    begin = 0
     for segment in doc["segments"]:
-        name = segment[0]
+        name, end = segment[0], int(segment[1])
         if broken:
             failed[name] = f"not loaded: {broken}"
             continue
+        if bad is not None:
+            made, refs, atoms = _memo_use(raw, begin, end)
+            if refs & bad:
+                failed[name] = "refers to an object of a variable that failed to load"
+                unpickler = _carry_on(
+                    unpickler, stream, buffers, segment, memo_end, made, atoms, bad
+                )
+                memo_end += made
+                begin = end
+                continue
         try:
             values[name] = unpickler.load()[1]
         except IntegrityError:
@@ -633,13 +651,75 @@ def load_namespace(doc: dict[str, Any], blobs: Blobs) -> tuple[dict[str, Any], d
             if len(segment) < 3:
                 broken = f"loading {name!r} before it failed"
                 continue
-            # on at the next segment, with the objects the earlier ones made (their memo)
-            stream.seek(int(segment[1]))
-            buffers.at = int(segment[2])
-            carried = pickle.Unpickler(stream, buffers=buffers)
-            carried.memo = unpickler.memo  # (a proxy is copied; a plain dict is not taken)
-            unpickler = carried
+            if bad is None:  # the first failure: count the memo up to this segment
+                bad = set()
+                memo_end = _memo_use(raw, 0, begin)[0]
+            made, _, atoms = _memo_use(raw, begin, end)
+            unpickler = _carry_on(unpickler, stream, buffers, segment, memo_end, made, atoms, bad)
+            memo_end += made
+            begin = end
+            continue
+        if bad is not None:
+            memo_end += made
+        begin = end
     return values, failed
+
+
+# opcodes that push a constant: a memo entry right after one holds that constant
+_ATOMS = frozenset(
+    {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINBYTES"}
+    | {"BINBYTES", "BINBYTES8", "BININT", "BININT1", "BININT2", "LONG1", "LONG4", "BINFLOAT"}
+)
+
+
+def _memo_use(raw: Any, begin: int, end: int) -> tuple[int, set[int], dict[int, Any]]:
+    """In ``raw[begin:end]`` (whole pickles): how many memo entries its pickles make,
+    which memo indices they read, and the constants among the entries it makes (by their
+    offset from its first)."""
+    made, refs, atoms = 0, set(), {}
+    data = io.BytesIO(bytes(memoryview(raw)[begin:end]))
+    while data.tell() < end - begin:
+        last = None
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "MEMOIZE":
+                if last is not None and last[0] in _ATOMS:
+                    atoms[made] = last[1]
+                made += 1
+            elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+                refs.add(int(arg or 0))
+            last = (op.name, arg)
+    return made, refs, atoms
+
+
+def _carry_on(
+    unpickler: Any,
+    stream: io.BytesIO,
+    buffers: _Buffers,
+    segment: list[Any],
+    start: int,
+    made: int,
+    atoms: dict[int, Any],
+    bad: set[int],
+) -> Any:
+    """An unpickler at the next segment's start, after a segment (whose ``made`` memo
+    entries begin at ``start``) failed or was skipped: those entries are its constants
+    where it pushed one, else placeholders, whose indices go into ``bad``. It is the
+    pure-Python unpickler (slower, after a failure only): its memo is a plain dict, and
+    MEMOIZE stores at the memo's length, as the rest of the stream expects (the C
+    unpickler takes no memo it did not build)."""
+    stream.seek(int(segment[1]))
+    buffers.at = int(segment[2])
+    memo = unpickler.memo
+    memo = dict(memo) if isinstance(memo, dict) else memo.copy()
+    for offset in range(made):
+        if offset in atoms:
+            memo[start + offset] = atoms[offset]
+        else:
+            memo[start + offset] = None
+            bad.add(start + offset)
+    carried: Any = pickle._Unpickler(stream, buffers=buffers)
+    carried.memo = memo
+    return carried
 
 
 class _Buffers:

@@ -1,0 +1,238 @@
+"""The run's files and environment cells, without a kernel: capture, restore, the pieces
+that decide what a new node gets back; and a snapshot stream whose one segment fails."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spotbook.attempt.env_cells import env_cell, env_cells
+from spotbook.attempt.run_files import (
+    FilesIntegrityError,
+    FilesPolicy,
+    RunFiles,
+    copy_blob,
+    missing,
+    restore,
+)
+from spotbook.kernel.pickling import Blobs, dump_namespace, load_namespace
+
+
+def _files(tmp_path: Path, **policy: object) -> tuple[RunFiles, Path, Path]:
+    work, blobs = tmp_path / "work", tmp_path / "blobs"
+    work.mkdir()
+    (work / "input.csv").write_text("there before the run")
+    files = RunFiles([str(work)], policy=FilesPolicy(**policy))  # type: ignore[arg-type]
+    files.begin(None)
+    return files, work, blobs
+
+
+def test_what_a_cell_made_is_captured_and_put_back_on_an_empty_node(tmp_path: Path) -> None:
+    files, work, blobs = _files(tmp_path)
+    (work / "out").mkdir()
+    (work / "out" / "x.npy").write_bytes(b"\x93NUMPY" + bytes(1000))
+    (work / "log.txt").write_text("one\n")
+    os.symlink("log.txt", work / "link.txt")
+    os.chmod(work / "log.txt", 0o640)
+    doc, written = files.capture(str(blobs))
+    entries = doc["entries"]
+    assert str(work / "input.csv") not in entries  # an input, never changed
+    assert entries[str(work / "link.txt")] == {"kind": "link", "target": "log.txt", "created": True}
+    assert entries[str(work / "out")]["kind"] == "dir"
+    assert written == 1006 + 4
+    # a new node: nothing there
+    for p in sorted(work.rglob("*"), key=lambda p: -len(str(p))):
+        p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+    assert sorted(missing(doc)) == sorted(entries)
+    done = restore(doc, copy_blob(str(blobs)))
+    assert done.files == 3 and not done.failed  # two files, one link; the folder first
+    assert (work / "out" / "x.npy").read_bytes()[:6] == b"\x93NUMPY"
+    assert os.readlink(work / "link.txt") == "log.txt"
+    assert (work / "log.txt").stat().st_mode & 0o777 == 0o640
+    assert (work / "log.txt").stat().st_mtime_ns == entries[str(work / "log.txt")]["mtime_ns"]
+    # the same node again: nothing to copy
+    assert missing(doc) == [] and restore(doc, copy_blob(str(blobs))).files == 0
+
+
+def test_a_changed_file_is_captured_again_and_a_deleted_one_dropped(tmp_path: Path) -> None:
+    files, work, blobs = _files(tmp_path)
+    (work / "a.txt").write_text("1")
+    (work / "b.txt").write_text("2")
+    files.capture(str(blobs))
+    (work / "a.txt").write_text("11")
+    (work / "b.txt").unlink()
+    (work / "input.csv").write_text("changed by the run")
+    doc, _ = files.capture(str(blobs))
+    assert doc["entries"][str(work / "a.txt")]["size"] == 2
+    assert str(work / "b.txt") not in doc["entries"]
+    changed = doc["entries"][str(work / "input.csv")]
+    assert changed["created"] is False  # there before the run: never removed on a fallback
+    removed = files.remove_created()
+    assert removed == [str(work / "a.txt")] and (work / "input.csv").exists()
+
+
+def test_budget_and_exclude_are_listed_as_skipped(tmp_path: Path) -> None:
+    files, work, blobs = _files(tmp_path, budget=100, exclude=("*.tmp",))
+    (work / "big.bin").write_bytes(bytes(500))
+    (work / "scratch.tmp").write_text("x")
+    (work / "small.txt").write_text("y")
+    doc, _ = files.capture(str(blobs))
+    assert "over --files-budget" in doc["skipped"][str(work / "big.bin")]["why"]
+    assert doc["skipped"][str(work / "scratch.tmp")]["why"] == "--files-exclude *.tmp"
+    assert str(work / "small.txt") in doc["entries"]
+
+
+def test_a_large_file_changed_before_its_copy_is_not_kept(tmp_path: Path) -> None:
+    """Large files are copied beside the next cell: one that cell rewrote first is listed
+    as skipped (a resume that lacks it names it), never saved with the next cell's bytes."""
+    from spotbook.attempt import run_files
+
+    files, work, blobs = _files(tmp_path)
+    (work / "ckpt.pt").write_bytes(bytes(run_files.SMALL + 1))
+    rest = files.stage(str(blobs))
+    (work / "ckpt.pt").write_bytes(b"the next cell's" + bytes(run_files.SMALL))
+    doc, _ = rest()
+    assert str(work / "ckpt.pt") not in doc["entries"]
+    assert "changed by the next cell" in doc["skipped"][str(work / "ckpt.pt")]["why"]
+    rest = files.stage(str(blobs))  # at the next boundary it is saved as it is then
+    doc, _ = rest()
+    assert doc["entries"][str(work / "ckpt.pt")]["size"] == run_files.SMALL + 15
+
+
+def test_restore_checks_blobs_and_paths(tmp_path: Path) -> None:
+    files, work, blobs = _files(tmp_path)
+    (work / "a.txt").write_text("genuine")
+    doc, _ = files.capture(str(blobs))
+    digest = doc["entries"][str(work / "a.txt")]["sha256"]
+    (blobs / digest).write_text("forged!")
+    (work / "a.txt").unlink()
+    with pytest.raises(FilesIntegrityError, match="does not match its hash"):
+        restore(doc, copy_blob(str(blobs)))
+    assert not (work / "a.txt").exists()
+    with pytest.raises(FilesIntegrityError):
+        restore({"entries": {"relative/path": {"kind": "file"}}}, copy_blob(str(blobs)))
+    with pytest.raises(FilesIntegrityError):
+        restore({"entries": {"/a/../etc/passwd": {"kind": "file"}}}, copy_blob(str(blobs)))
+
+
+def test_restore_never_writes_through_a_link(tmp_path: Path) -> None:
+    files, work, blobs = _files(tmp_path)
+    (work / "a.txt").write_text("mine")
+    doc, _ = files.capture(str(blobs))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    (work / "a.txt").unlink()
+    os.symlink(outside, work / "a.txt")  # planted where the file goes
+    assert restore(doc, copy_blob(str(blobs))).files == 1
+    assert outside.read_text() == "untouched"
+    assert not (work / "a.txt").is_symlink() and (work / "a.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("source", "packages", "checkable"),
+    [
+        ("%pip install -q numpy==2.1 'pandas>=2'", ("numpy", "pandas"), True),
+        ("!pip install --no-index -f /wheels nlpkg", ("nlpkg",), True),
+        ("%pip install /w/nlpkg-0.1-py3-none-any.whl", ("nlpkg",), True),
+        ("!{sys.executable} -m pip install torch --index-url https://x/cpu", ("torch",), True),
+        ("%pip install -r requirements.txt", (), False),
+        ("%pip install -e .", (), False),
+        ("%pip install $WHEEL", (), False),
+        ("!git clone https://example.org/r.git", (), False),
+        ("%%bash\ncd /tmp\napt-get install -y libx", (), False),
+        ("!apt-get install -y graphviz", (), False),
+        ("%conda install -y scipy", (), False),
+    ],
+)
+def test_environment_cells_are_found_by_their_source(
+    source: str, packages: tuple[str, ...], checkable: bool
+) -> None:
+    cell = env_cell(3, source)
+    assert cell is not None and cell.packages == packages and cell.checkable is checkable
+
+
+def test_other_cells_are_not_environment_cells() -> None:
+    for source in ("import pip", "x = 'pip install y'", "%%bash\necho hi", "!ls", "# %pip"):
+        assert env_cell(0, source) is None
+    cells = env_cells(
+        ["%pip install a", "x = 1", "%pip install b"], [[], [], ["spotbook-no-replay"]], 2
+    )
+    assert [c.index for c in cells] == [0]
+
+
+class _LoadsBadly:
+    """Pickles, but does not load back (a ``__reduce__`` that lies)."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (int, ("not a number",))
+
+
+def test_a_segment_that_fails_to_load_does_not_drop_the_later_ones(tmp_path: Path) -> None:
+    """The minimal case of the statsmodels notebook: one variable that fails to load
+    used to drop every variable bound after it (and IPython's history with them)."""
+    blobs = Blobs(str(tmp_path))
+    shared = [1, 2, 3]
+    values = {
+        "a": np.arange(100_000.0),
+        "bad": _LoadsBadly(),
+        "alias": shared,
+        "holder": {"k": shared},
+        "b": np.ones(50_000),
+    }
+    doc, failed = dump_namespace(values, {}, blobs)
+    assert not failed
+    loaded, failed = load_namespace(doc, blobs)
+    assert set(failed) == {"bad"}
+    assert loaded["holder"]["k"] is loaded["alias"]  # shared references still shared
+    assert float(loaded["b"].sum()) == 50_000.0 and loaded["a"][-1] == 99_999.0
+
+
+class _Holds:
+    """Pickles with a reference to another object, and fails to load."""
+
+    def __init__(self, ref: object) -> None:
+        self.ref = ref
+
+    def __reduce__(self) -> tuple[object, tuple[object]]:
+        return (_refuse, (self.ref,))
+
+
+def _refuse(ref: object) -> None:
+    raise ValueError("cannot be rebuilt here")
+
+
+def test_a_variable_that_shares_an_object_with_a_failed_one_fails_by_name(tmp_path: Path) -> None:
+    """An object made inside the failed segment is never replaced by a placeholder in a
+    later one: the later variable fails too, and says why; a later variable that shares
+    only a constant (a dict key) with it still loads."""
+    blobs = Blobs(str(tmp_path))
+    inner = {"z": 9}
+    values = {"bad": _Holds(inner), "dep": {"k": inner}, "other": {"k": 1}}
+    doc, _ = dump_namespace(values, {}, blobs)
+    loaded, failed = load_namespace(doc, blobs)
+    assert failed["bad"] == "ValueError: cannot be rebuilt here"
+    assert failed["dep"] == "refers to an object of a variable that failed to load"
+    assert loaded == {"other": {"k": 1}}
+
+
+def test_the_load_check_cuts_a_type_that_does_not_load_back(tmp_path: Path) -> None:
+    """In the background snapshot's copy, each segment with a type not yet seen to load
+    is loaded back once; one that fails is cut out when the snapshot is taken (replayed
+    on resume) instead of failing the load."""
+    from spotbook.kernel import pickling
+
+    pickling.LOAD_CHECK["on"] = True
+    try:
+        doc, failed = dump_namespace(
+            {"ok": {"x": 1}, "bad": _LoadsBadly(), "after": [4]}, {}, Blobs(str(tmp_path))
+        )
+    finally:
+        pickling.LOAD_CHECK["on"] = False
+    assert "pickles but does not load back" in failed["bad"]
+    loaded, lost = load_namespace(doc, Blobs(str(tmp_path)))
+    assert loaded == {"ok": {"x": 1}, "after": [4]} and not lost
+    assert pickle.loads(pickle.dumps([1])) == [1]
