@@ -236,3 +236,19 @@ def test_the_load_check_cuts_a_type_that_does_not_load_back(tmp_path: Path) -> N
     loaded, lost = load_namespace(doc, Blobs(str(tmp_path)))
     assert loaded == {"ok": {"x": 1}, "after": [4]} and not lost
     assert pickle.loads(pickle.dumps([1])) == [1]
+
+
+def test_a_view_larger_than_the_only_top_level_array_is_saved_whole(tmp_path: Path) -> None:
+    """The statsmodels case, minimal: ``data["x"]`` views the memory ``head`` (a 10-item
+    top-level slice) starts; it was saved as a view of ``head`` past its end, which numpy
+    refused on load. A view is saved against a root only when its whole extent is in it."""
+    blobs = Blobs(str(tmp_path))
+    data = {"x": np.arange(100_000.0)[:]}
+    values = {"data": data, "head": data["x"][:10], "rev": np.arange(50.0)[::-1], "after": 1}
+    doc, failed = dump_namespace(values, {}, blobs)
+    loaded, failed = load_namespace(doc, blobs)
+    assert not failed
+    assert loaded["data"]["x"].sum() == 4_999_950_000.0 and loaded["head"].tolist() == list(
+        range(10)
+    )
+    assert loaded["rev"][0] == 49.0 and loaded["after"] == 1

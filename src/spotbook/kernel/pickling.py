@@ -299,7 +299,13 @@ def _array_view(obj: Any, roots: dict[int, Any]) -> Any:
     if root is None or root is obj or obj.dtype.hasobject:
         return None
     offset = obj.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    if not 0 <= offset < max(root.nbytes, 1):
+    if obj.size == 0:
+        return None
+    # the whole extent must lie in the root, not only its start: a view of a larger
+    # array than the root (the root a slice of it) is saved as an array of its own
+    low = offset + sum(min(0, (n - 1) * st) for n, st in zip(obj.shape, obj.strides, strict=True))
+    high = offset + sum(max(0, (n - 1) * st) for n, st in zip(obj.shape, obj.strides, strict=True))
+    if low < 0 or high + obj.itemsize > root.nbytes:
         return None
     return view_of, (root, offset, obj.shape, obj.strides, obj.dtype)
 
