@@ -465,3 +465,34 @@ def test_a_replayed_first_cell_is_not_said_to_write_a_file_it_never_wrote(work: 
     last = doc["attempts"][-1]
     assert last["replayed"] == [0]
     assert last["fidelity"]["exact"] and last["fidelity"]["may_differ"] == [], last["fidelity"]
+
+
+def test_a_notebook_whose_only_thread_is_pyzmqs_resumes_strictly(work: Path) -> None:
+    """pyzmq starts a garbage-collector thread for the first message of 64 KiB or more
+    (a figure's PNG): a library's thread, not the notebook's, so it is no reason to say
+    the resume may differ, and --strict-resume resumes."""
+    from .conftest import write_notebook
+
+    gate = work / "gate"
+    write_notebook(
+        work / "plot.ipynb",
+        "import numpy as np\nimport matplotlib\nimport matplotlib.pyplot as plt\n"
+        "from IPython.display import Image, display\n"
+        "rng = np.random.default_rng(1)\n"
+        "display(Image(data=rng.bytes(200_000), format='png'))",
+        "import threading\nnames = sorted(t.name for t in threading.enumerate())\nx = 1",
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        "print(x, any('Garbage' in n or 'gc' in n.lower() for n in names))",
+    )
+    proc = start_cli(
+        "run", "plot.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 2, what="2 cells")
+    kill(proc)
+    gate.touch()
+    r = cli("resume", "rd", "--strict-resume", cwd=work)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
+    first, last = doc["attempts"]
+    assert last["fidelity"]["exact"], last["fidelity"]["may_differ"]
+    assert "snapshots_sync" not in first, first.get("snapshots_sync")  # forked as usual
