@@ -496,3 +496,35 @@ def test_a_notebook_whose_only_thread_is_pyzmqs_resumes_strictly(work: Path) -> 
     first, last = doc["attempts"]
     assert last["fidelity"]["exact"], last["fidelity"]["may_differ"]
     assert "snapshots_sync" not in first, first.get("snapshots_sync")  # forked as usual
+
+
+def test_scikit_learns_repr_ids_go_on_after_a_resume(work: Path) -> None:
+    """scikit-learn numbers its estimators' HTML reprs (``sk-container-id-N``) from a
+    module counter: after a resume the next one is 2, as in an uninterrupted run, not a
+    duplicate 1."""
+    pytest.importorskip("sklearn")
+    from .conftest import write_notebook
+
+    gate = work / "gate"
+    write_notebook(
+        work / "sk.ipynb",
+        "from sklearn.linear_model import LinearRegression\nLinearRegression()",
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        "LinearRegression(fit_intercept=False)",
+    )
+    gate.touch()
+    assert cli("run", "sk.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
+    gate.unlink()
+    proc = start_cli(
+        "run", "sk.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 1, what="cell 0")
+    kill(proc)
+    gate.touch()
+    assert cli("resume", "rd", cwd=work).returncode == 0
+
+    def html(path: Path) -> str:
+        return "".join(load(path)["cells"][2]["outputs"][0]["data"]["text/html"])
+
+    assert "sk-container-id-2" in html(work / "ref.ipynb")
+    assert html(work / "out.ipynb") == html(work / "ref.ipynb")

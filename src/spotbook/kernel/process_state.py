@@ -320,6 +320,36 @@ def _set_recursion_limit(limit: Any) -> None:
     sys.setrecursionlimit(int(limit))
 
 
+# scikit-learn numbers the HTML reprs of its estimators from module-level counters
+# (``sk-container-id-N``): restarted at 1 after a resume, the notebook's outputs would
+# repeat element ids an uninterrupted run never repeats
+_SKLEARN_REPR = ("sklearn.utils._repr_html.", "sklearn.utils._estimator_html_repr")
+
+
+def _sklearn_counters() -> dict[str, Any]:
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(_SKLEARN_REPR):
+            continue
+        for attr, value in list(vars(module).items()):
+            if type(value).__name__ == "_IDCounter" and isinstance(
+                getattr(value, "count", None), int
+            ):
+                found[f"{name}:{attr}"] = value
+    return found
+
+
+def _sklearn_capture() -> Any:
+    return {key: counter.count for key, counter in _sklearn_counters().items()}
+
+
+def _sklearn_restore(state: Any) -> None:
+    counters = _sklearn_counters()
+    for key, count in dict(state).items():
+        if key in counters:
+            counters[key].count = int(count)
+
+
 PARTS.extend(
     [
         Part("cwd", ENV, os.getcwd, os.chdir),
@@ -333,6 +363,7 @@ PARTS.extend(
         Part("numpy options", CONFIG, _np_options_capture, _np_options_restore, "numpy"),
         Part("pandas options", CONFIG, _pandas_capture, _pandas_restore, "pandas"),
         Part("matplotlib rcParams", CONFIG, _mpl_capture, _mpl_restore, "matplotlib"),
+        Part("scikit-learn repr ids", CONFIG, _sklearn_capture, _sklearn_restore, "sklearn"),
         Part("random", LAST, random.getstate, random.setstate),
         Part(
             "numpy.random",
