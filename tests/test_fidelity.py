@@ -528,3 +528,41 @@ def test_scikit_learns_repr_ids_go_on_after_a_resume(work: Path) -> None:
 
     assert "sk-container-id-2" in html(work / "ref.ipynb")
     assert html(work / "out.ipynb") == html(work / "ref.ipynb")
+
+
+def test_a_replayed_cell_draws_again_what_it_first_drew_from_the_notebooks_generator(
+    work: Path,
+) -> None:
+    """``gen`` (a generator: never pickled) is rebuilt by replaying cell 1, which draws from
+    the notebook's own ``rng``; restored as it was at the snapshot (after cell 2 drew
+    too), ``rng`` would hand the replay other numbers. It is set back to where cell 1 found
+    it first, so the rebuilt values, and everything after, are the uninterrupted run's."""
+    from .conftest import write_notebook
+
+    gate = work / "gate"
+    write_notebook(
+        work / "rng.ipynb",
+        "import numpy as np, random\nrng = np.random.default_rng(5)\n"
+        "old = np.random.RandomState(7)\npy = random.Random(9)",
+        "gen = (round(float(v), 6) for v in [*rng.normal(size=3), old.rand(), py.random()])",
+        "y = round(float(rng.normal()), 6)",
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        "print(list(gen), y, round(float(rng.normal()), 6), old.rand(), py.random())",
+    )
+    gate.touch()
+    assert cli("run", "rng.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
+    gate.unlink()
+    proc = start_cli(
+        "run", "rng.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 3, what="3 cells")
+    kill(proc)
+    gate.touch()
+    r = cli("resume", "rd", cwd=work)
+    assert r.returncode == 0, r.stderr
+    last = json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][-1]
+    assert last["fidelity"]["chains"] == {"gen": [1]}
+    assert (
+        load(work / "out.ipynb")["cells"][4]["outputs"]
+        == load(work / "ref.ipynb")["cells"][4]["outputs"]
+    )

@@ -214,6 +214,9 @@ class Restorer:
         rng = (records.get(index, {}).get("pre") or {}).get("rng")
         if rng:
             pre["rng"] = rng
+        owned = (records.get(index, {}).get("pre") or {}).get("owned_rng")
+        if owned:
+            pre["owned_rng"] = owned  # the notebook's own generators, as the cell found them
         if pre:
             expr = f"{KERNEL_MODULE}.set_pre({json.dumps(pre)!r})"
             report.process_problems(json.loads(await session.evaluate(expr)))

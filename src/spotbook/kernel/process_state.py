@@ -459,3 +459,48 @@ def restore_rngs(state: dict[str, Any]) -> dict[str, str]:
     except Exception as exc:
         failed["random"] = f"{type(exc).__name__}: {exc}"[:200]
     return failed
+
+
+# -- generators the notebook holds ----------------------------------------------------
+def owned_rngs(ns: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The random generators the notebook holds in variables (``random.Random``, numpy's
+    ``Generator`` and ``RandomState``), each with its state as JSON-able values. Taken
+    before and after every cell (cheap: a type check per variable), so a replay of a
+    cell that drew from one starts it where the cell first did."""
+    np = sys.modules.get("numpy")
+    out: dict[str, tuple[str, Any]] = {}
+    for name, value in ns.items():
+        if name.startswith("_"):
+            continue
+        kind = type(value)
+        try:
+            if kind is random.Random:
+                version, internal, gauss = value.getstate()
+                out[name] = ("random", [version, list(internal), gauss])
+            elif np is not None and kind is np.random.Generator:
+                out[name] = ("numpy.Generator", value.bit_generator.state)
+            elif np is not None and kind is np.random.RandomState:
+                bit, key, pos, has_gauss, cached = value.get_state()
+                out[name] = ("numpy.RandomState", [bit, key.tolist(), pos, has_gauss, cached])
+        except Exception:  # a generator whose state cannot be read is left alone
+            continue
+    return out
+
+
+def set_owned_rngs(ns: dict[str, Any], states: dict[str, Any]) -> dict[str, str]:
+    """Put generators the notebook holds back to the states :func:`owned_rngs` took."""
+    failed: dict[str, str] = {}
+    for name, (kind, state) in states.items():
+        value: Any = ns.get(name)
+        try:
+            if kind == "random" and type(value) is random.Random:
+                version, internal, gauss = state
+                value.setstate((version, tuple(internal), gauss))
+            elif kind == "numpy.Generator" and type(value).__name__ == "Generator":
+                value.bit_generator.state = state
+            elif kind == "numpy.RandomState" and type(value).__name__ == "RandomState":
+                bit, key, pos, has_gauss, cached = state
+                value.set_state((bit, _numpy().array(key, dtype="uint32"), pos, has_gauss, cached))
+        except Exception as exc:
+            failed[f"generator {name!r}"] = f"{type(exc).__name__}: {exc}"[:200]
+    return failed

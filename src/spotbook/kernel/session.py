@@ -52,6 +52,7 @@ _baseline_threads: set[int] = set()
 _effects: dict[str, list[str]] = {}
 _recording = False
 _rng_before: dict[str, Any] = {}
+_owned_before: dict[str, tuple[str, Any]] = {}  # the notebook's generators, before the cell
 _pre: dict[str, Any] = {}  # the state a cell started with, when the runner needs it
 # path -> its size before the running cell first opened it for writing (None: absent),
 # so a cell that runs again after a kill can be given back the files it started with
@@ -176,7 +177,7 @@ def _cell_note() -> dict[str, Any]:
 
 def _pre_cell(info: Any = None) -> None:
     """Before each cell: what it starts from, so a replay can start from the same."""
-    global _recording, _rng_before, _last_env
+    global _recording, _rng_before, _last_env, _owned_before
     _effects.clear()
     _pre.clear()
     _undo.clear()
@@ -186,6 +187,7 @@ def _pre_cell(info: Any = None) -> None:
     if env != _last_env:  # sent only when it changed: most cells share their start
         _pre["env"] = _last_env = env
     _rng_before = process_state.rng_states()
+    _owned_before = process_state.owned_rngs(_shell().user_ns)
     _recording = True
 
 
@@ -195,6 +197,11 @@ def _post_cell(result: Any = None) -> None:
     if _rng_before and not process_state.same_rngs(_rng_before, process_state.rng_states()):
         _effects["random"] = sorted(_rng_before)
         _pre["rng"] = process_state.rngs_json(_rng_before)  # where a replay starts it from
+    if _owned_before:
+        after = process_state.owned_rngs(_shell().user_ns)
+        drawn = {n: s for n, s in _owned_before.items() if after.get(n) != s}
+        if drawn:  # a replay of this cell starts them where it first did
+            _pre["owned_rng"] = drawn
 
 
 def _note(kind: str, what: str) -> None:
@@ -308,6 +315,9 @@ def set_pre(pre_json: str) -> str:
     pre = json.loads(pre_json)
     failed = process_state.restore(pre.get("env") or {}, process_state.ENV)
     failed.update(process_state.restore_rngs(pre.get("rng") or {}))
+    owned = pre.get("owned_rng") or {}
+    if owned:
+        failed.update(process_state.set_owned_rngs(_shell().user_ns, owned))
     return json.dumps(failed)
 
 
