@@ -566,3 +566,37 @@ def test_a_replayed_cell_draws_again_what_it_first_drew_from_the_notebooks_gener
         load(work / "out.ipynb")["cells"][4]["outputs"]
         == load(work / "ref.ipynb")["cells"][4]["outputs"]
     )
+
+
+def test_names_a_star_import_bound_are_rebuilt_by_the_import(work: Path) -> None:
+    """``from sympy import *`` binds ~900 names; one of them (``RR``, a RealField) pickles
+    but does not load back. It is found when the snapshot is written and rebuilt by
+    replaying the import, instead of the whole state being given up (a run again from
+    cell 0)."""
+    pytest.importorskip("sympy")
+    from .conftest import write_notebook
+
+    gate = work / "gate"
+    write_notebook(
+        work / "sym.ipynb",
+        "from sympy import *",
+        "x = symbols('x')\ne = expand((x + 1) ** 3)",
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        "print(e, RR(1.5), sin(0), type(RR).__name__)",
+    )
+    proc = start_cli(
+        "run", "sym.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 2, what="2 cells")
+    kill(proc)
+    gate.touch()
+    r = cli("resume", "rd", cwd=work, timeout=300)
+    assert r.returncode == 0, r.stderr
+    last = json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][-1]
+    assert "fallback" not in last, last.get("fallback")
+    assert last["resumed_from"] == 2 and last["fidelity"]["chains"]["RR"] == [0]
+    gate.touch()
+    assert cli("run", "sym.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
+    text = "".join(load(work / "out.ipynb")["cells"][3]["outputs"][0]["text"])
+    assert text == "".join(load(work / "ref.ipynb")["cells"][3]["outputs"][0]["text"])
+    assert text.startswith("x**3 + 3*x**2 + 3*x + 1 1.5 0 RealField")

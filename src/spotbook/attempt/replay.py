@@ -167,7 +167,12 @@ def cell_names(source: str, transform: Transform | None = None) -> CellNames:
 
 
 def _last_binder(names: Mapping[int, CellNames], name: str) -> int | None:
-    return next((i for i in sorted(names, reverse=True) if name in names[i].binds), None)
+    """The last cell that binds ``name``; failing that, the last ``from M import *``
+    (it may bind any name: replaying the import binds it again, e.g. sympy's ``RR``)."""
+    found = next((i for i in sorted(names, reverse=True) if name in names[i].binds), None)
+    if found is None:
+        found = next((i for i in sorted(names, reverse=True) if "*" in names[i].binds), None)
+    return found
 
 
 def _with_deferred(names: Mapping[int, CellNames], found: set[str]) -> set[str]:
@@ -277,6 +282,9 @@ def plan_resume(
             unrebuildable[name] = "no cell before the snapshot binds it"
         elif binder in never:
             unrebuildable[name] = f"cell {binder}, which binds it, is tagged {NO_REPLAY_TAG}"
+        elif binder not in chain:  # bound by a star import, which names nothing
+            chain = tuple(sorted({*chain, binder}))
+            chain_cells.add(binder)
         chains[name] = chain
         kind = kinds.get(name) or "value"
         for i in chain:
