@@ -94,22 +94,42 @@ def test_kernel_dying_in_a_snapshot_says_so(tmp_path: Path) -> None:
     assert _status(tmp_path)["status"] == "failed"
 
 
+_BOMB = (
+    "import os\nclass Bomb:\n    def __reduce__(self):\n        return (os._exit, (9,))\nb = Bomb()"
+)
+
+
 def test_kernel_dying_in_a_restore_says_so(tmp_path: Path) -> None:
-    """Unpickling the state kills the kernel: exit 138, named; the store is kept."""
-    write_notebook(
-        tmp_path / "nb.ipynb",
-        "import os\nclass Bomb:\n    def __reduce__(self):\n        return (os._exit, (9,))\n"
-        "b = Bomb()",
-        "y = 2",
-        "assert os.path.exists('go')",
-    )
-    r = _run_every_cell(tmp_path)
+    """Unpickling the state kills the kernel: exit 138, named; the store is kept. (A
+    synchronous snapshot: a background one loads each new type back when it is taken,
+    see the next test.)"""
+    write_notebook(tmp_path / "nb.ipynb", _BOMB, "y = 2", "assert os.path.exists('go')")
+    r = _run_every_cell(tmp_path, "--no-snapshot-background")
     assert r.returncode == 1 and "AssertionError" in r.stderr, r.stderr
     (tmp_path / "go").write_text("")
     r = cli("resume", "rd", cwd=tmp_path)
     assert r.returncode == 138, r.stderr
     assert "the kernel died while restoring the state before cell 2" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_object_whose_load_ends_the_process_is_left_out_of_a_background_snapshot(
+    tmp_path: Path,
+) -> None:
+    """The background snapshot's load check loads it back in a process of its own, which
+    it ends: that variable is left out (rebuilt by its cell on resume), the snapshot is
+    still written, and the resume goes on."""
+    write_notebook(tmp_path / "nb.ipynb", _BOMB, "y = 2", "assert os.path.exists('go')")
+    r = _run_every_cell(tmp_path)
+    assert r.returncode == 1 and "AssertionError" in r.stderr, r.stderr
+    (attempt,) = _status(tmp_path)["attempts"]
+    assert "snapshots_off" not in attempt
+    (tmp_path / "go").write_text("")
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    last = _status(tmp_path)["attempts"][-1]
+    assert "b" in last["fidelity"]["not_restored_unused"]  # no later cell reads it
+    assert not last.get("files_restored", {}).get("files")
 
 
 def test_restart_discards_the_old_runs_files_and_attempts(tmp_path: Path) -> None:

@@ -554,9 +554,11 @@ def dump_namespace(
         start, nbuf, marker = stream.tell(), len(buffers), []  # type: ignore[var-annotated]
         pickler.types = set()
         try:
+            if name in LOAD_CHECK["exclude"]:
+                raise LoadCheckError(LOAD_CHECK["exclude"][name])
             pickler.dump((marker, values[name]))
             if LOAD_CHECK["on"]:
-                _load_check(pickler, stream, start, marker, len(buffers) > nbuf)
+                _load_check(pickler, stream, start, marker, len(buffers) > nbuf, name)
         except Exception as exc:  # pickling can raise anything: the variable is replayed
             failed[name] = f"{type(exc).__name__}: {exc}"[:300]
             # cut the segment out: its bytes, its buffers and the memo entries it made
@@ -581,7 +583,7 @@ def dump_namespace(
 # variable replayed or named) if that fails. Only in the background snapshot's copy of the
 # kernel (loading objects in the kernel itself could change what the notebook sees, e.g.
 # pyplot's figures), and not for segments with out-of-band buffers or over 16 MB.
-LOAD_CHECK = {"on": False}
+LOAD_CHECK: dict[str, Any] = {"on": False, "progress": None, "exclude": {}}
 _LOADS: set[type] = set()  # types seen to load back
 _CHECK_LIMIT = 16 << 20
 
@@ -590,11 +592,16 @@ class LoadCheckError(Exception):
     """A segment pickled, but its bytes do not load back."""
 
 
-def _load_check(pickler: Any, stream: io.BytesIO, start: int, marker: Any, oob: bool) -> None:
+def _load_check(
+    pickler: Any, stream: io.BytesIO, start: int, marker: Any, oob: bool, name: str
+) -> None:
     new = pickler.types - _LOADS
     size = stream.tell() - start
     if not new or oob or size > _CHECK_LIMIT:
         return
+    progress = LOAD_CHECK["progress"]
+    if progress is not None:  # should loading it end the process, the supervisor knows
+        os.write(progress, name.encode("utf-8", "surrogatepass") + b"\0")
     memo = pickler.memo.copy()
     first = memo[id(marker)][0] if id(marker) in memo else 0
     # the pure-Python unpickler: its memo takes the live objects (the C one's does not)

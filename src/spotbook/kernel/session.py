@@ -34,6 +34,7 @@ from .pickling import (
     Blobs,
     IntegrityError,
     SetInOrder,
+    _private_dirs,
     dump_namespace,
     load_namespace,
     rebuild_order,
@@ -558,6 +559,55 @@ def _die_with_parent() -> None:
         libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
+def _checked_snapshot(blob_dir: str, tries: int = 3) -> str:
+    """In the background snapshot's copy: :func:`snapshot` with load checks (each new type
+    loaded back once), written by a copy of the copy, so that loading an object that ends
+    the process (a ``__reduce__`` that calls ``os._exit``, a crash in a C extension) ends
+    only that one: the variable it was loading is left out (replayed on resume) and the
+    snapshot is written again without it; after ``tries`` such ends, without checks."""
+    import tempfile
+
+    excluded: dict[str, str] = {}
+    for _ in range(tries):
+        # beside the blobs (never among the run's files, which the runner is scanning)
+        _private_dirs(blob_dir)
+        fd, out_path = tempfile.mkstemp(prefix="check.tmp-", dir=blob_dir)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _die_with_parent()
+                os.close(read_end)
+                LOAD_CHECK.update(on=True, progress=write_end, exclude=excluded)
+                try:
+                    text = snapshot(blob_dir)
+                except BaseException as exc:  # an ordinary failure (a full disk): said as is
+                    text = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]})
+                os.write(fd, text.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        seen = b""
+        while chunk := os.read(read_end, 65536):
+            seen += chunk
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(fd, "rb") as fh:
+            fh.seek(0)  # (the copy wrote through this very descriptor: its offset is shared)
+            text = fh.read().decode()
+        os.unlink(out_path)
+        if status == 0 and text:
+            return text
+        names = [n.decode("utf-8", "surrogatepass") for n in seen.split(b"\0") if n]
+        if not names:
+            break  # it ended before checking anything: not a load check's doing
+        excluded[names[-1]] = "loading it back ended the process that checked it"
+    LOAD_CHECK.update(on=False, progress=None, exclude=excluded)
+    return snapshot(blob_dir)
+
+
 def snapshot_fork(blob_dir: str, result_path: str) -> str:
     """Fork the kernel; the copy writes the snapshot (as :func:`snapshot`) and its
     manifest into ``result_path`` (atomically: complete or absent), then exits. Returns
@@ -586,11 +636,9 @@ def snapshot_fork(blob_dir: str, result_path: str) -> str:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
             random.setstate(seed_state)
-            # the copy may load what it wrote back, to find types that do not unpickle
-            LOAD_CHECK["on"] = True
             # sys.stdout/stderr stay as they are: the snapshot saves them by identity
             try:
-                manifest = json.loads(snapshot(blob_dir))
+                manifest = json.loads(_checked_snapshot(blob_dir))
                 # what the copy took from the machine (counted from the fork): the
                 # policy charges the notebook its share of the CPUs
                 import resource
