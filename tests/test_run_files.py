@@ -252,3 +252,26 @@ def test_a_view_larger_than_the_only_top_level_array_is_saved_whole(tmp_path: Pa
         range(10)
     )
     assert loaded["rev"][0] == 49.0 and loaded["after"] == 1
+
+
+def test_a_handle_is_never_restored_on_a_missing_or_shorter_file(tmp_path: Path) -> None:
+    """A restored write handle used to be reopened create-if-missing and sought to its
+    old position (a log came back as NUL bytes and the new lines), and a SQLite
+    connection to a missing file made a new empty database. Now either refuses, so the
+    variable is rebuilt by its cells or named."""
+    from spotbook.kernel.pickling import reopen, restore_sqlite
+
+    log = tmp_path / "train.log"
+    with pytest.raises(FileNotFoundError, match="not here"):
+        reopen(str(log), "a", 8, 8, {}, False)
+    assert not log.exists()
+    log.write_text("one\n")
+    with pytest.raises(OSError, match="fewer than the 8"):
+        reopen(str(log), "a", 8, 8, {}, False)
+    handle = reopen(str(log), "a", 4, 4, {}, False)
+    handle.write("two\n")
+    handle.close()
+    assert log.read_text() == "one\ntwo\n"
+    with pytest.raises(FileNotFoundError, match="SQLite"):
+        restore_sqlite(str(tmp_path / "gone.db"), None, "")
+    assert not (tmp_path / "gone.db").exists()

@@ -106,8 +106,18 @@ def reopen(
         handle.close()
         return handle
     if writing:
+        # The file must be there as the snapshot left it (a new node gets it back before
+        # the kernel starts): a handle is never recreated on an empty or a shorter file,
+        # which would pad what it writes next with NUL bytes. Missing or cut short, the
+        # handle is not restored, and the cells that made it are replayed (or named).
+        try:
+            found = os.stat(path).st_size
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}, which this handle writes, is not here") from None
+        if found < size:
+            raise OSError(f"{path} has {found} bytes, fewer than the {size} at the snapshot")
         WRITING_FILES.append(True)
-        flags = os.O_CREAT | (os.O_RDWR if "+" in mode else os.O_WRONLY)
+        flags = os.O_RDWR if "+" in mode else os.O_WRONLY
         if "a" in mode:
             flags |= os.O_APPEND
         fd = os.open(path, flags, 0o666)  # never O_TRUNC: what it wrote stays
@@ -125,6 +135,8 @@ def restore_sqlite(path: str, image: bytes | None, isolation_level: Any) -> Any:
     if CHECKING["on"]:
         return None  # a load check: nothing on disk is touched
     if image is None:
+        if not os.path.isfile(path):  # never a new empty database in its place
+            raise FileNotFoundError(f"{path}, the SQLite database it connects to, is not here")
         return sqlite3.connect(path, isolation_level=isolation_level)
     # Copied into a plain in-memory database: a deserialized one is a different kind
     # (it reports a file name, and serialises without its open transaction's rows).
