@@ -315,3 +315,42 @@ def test_same_node_copies_nothing(node: Node, tmp_path: Path) -> None:
     last = _attempts(rd, env, node.work)[-1]
     assert last["files_restored"]["files"] == 0
     assert not last.get("environment_replayed")
+
+
+def test_checkpoint_dir_commits_with_its_cell_on_s3(
+    node: Node, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """On an object store, what a cell wrote into ``spotbook.checkpoint_dir()`` is in the
+    store before that cell's record commits (it used to wait for the 60 s sync), and the
+    directory has the same path in every attempt (a path kept in a variable still
+    works), also on a new node."""
+    rd, store_env = _store("s3", tmp_path, request)
+    env = {**node.env(), **store_env}
+    gate = node.env()["NL_GATE"]
+    from .conftest import write_notebook
+
+    write_notebook(
+        node.work / "ck.ipynb",
+        "import os, spotbook\nckpt = spotbook.checkpoint_dir()\n"
+        "with open(os.path.join(ckpt, 'best.txt'), 'w') as fh:\n    fh.write('epoch 3')",
+        f"import time\nwhile not os.path.exists({gate!r}):\n    time.sleep(0.01)",
+        "print(open(os.path.join(ckpt, 'best.txt')).read(), ckpt == spotbook.checkpoint_dir())",
+    )
+    proc = start_cli(
+        "run", "ck.ipynb", "out.ipynb", "--run-dir", rd, "--snapshot", "every-cell",
+        cwd=node.work, env=env,
+    )  # fmt: skip
+    wait_for(lambda: _gate_reached_at(rd, store_env, 1), timeout=120, what="cell 0 committed")
+    code, err = kill(proc)  # long before the periodic sync (60 s)
+    assert code == -signal.SIGKILL, err
+    node.wipe()
+    node.release()
+    r = cli("resume", rd, cwd=node.work, env=env)
+    assert r.returncode == 0, r.stderr
+    text = "".join(load(node.work / "out.ipynb")["cells"][2]["outputs"][0]["text"])
+    assert text == "epoch 3 True\n"
+
+
+def _gate_reached_at(rd: str, env: dict[str, str], n: int) -> bool:
+    with _environ(env):
+        return len(RunStore(rd).cell_records()) >= n
