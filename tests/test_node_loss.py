@@ -297,6 +297,15 @@ def test_a_file_that_is_not_saved_is_named_and_strict_refuses(
     assert attempts[-1]["outcome"] == "resume-refused"
     text = cli("status", rd, cwd=node.work, env=env).stdout
     assert "nothing known to differ" not in text.split("#2")[-1]
+    # without --strict-resume, the cell that wrote it (its record says so) is replayed
+    node.release()
+    r = cli("resume", rd, cwd=node.work, env=env)
+    assert r.returncode == 0, r.stderr
+    got = npat.patterns(load(node.work / "out.ipynb"))
+    assert {k: v for k, v in nl_reference.items() if got.get(k) != v} == {}
+    last = _attempts(rd, env, node.work)[-1]
+    assert 1 in last["replayed"]
+    assert any("cell 1, which wrote it, is replayed" in m for m in last["fidelity"]["may_differ"])
 
 
 def test_same_node_copies_nothing(node: Node, tmp_path: Path) -> None:

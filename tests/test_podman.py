@@ -312,3 +312,142 @@ def test_a_read_only_root_filesystem_with_a_writable_tmp(
     r = podman(*_run_args(f"sb-ro-{os.getpid()}", st, key_file, *env, extra=extra), check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _committed(rd) == len(CELLS)
+
+
+# The node-loss notebook of a pod (issue: resume on a new node): it downloads a zip from
+# a loopback server and unzips it, pip-installs a wheel from a folder the test mounts
+# (into a pip target outside the working directory: gone with the container), trains a
+# little and keeps checkpoints, and waits at cell 4 for GO, which only the second
+# container has. Every container is a new node: nothing of the first one's disk is left.
+NODE_CELLS = (
+    "%pip install -q --no-index --no-deps /wheels/nlpkg-0.1-py3-none-any.whl",
+    "import os, json, random, zipfile, urllib.request\n"
+    "urllib.request.urlretrieve(os.environ['NL_URL'], 'data.zip')\n"
+    "zipfile.ZipFile('data.zip').extractall('data')\n"
+    "rows = [tuple(map(float, line.split(','))) for line in open('data/train.csv')]",
+    "import nlpkg\nrandom.seed(nlpkg.VALUE)\nw, b = random.random(), 0.0\n"
+    "os.makedirs('ckpt', exist_ok=True)\n"
+    "for epoch in range(3):\n"
+    "    for x, y in rows:\n"
+    "        err = w * x + b - y\n        w -= 0.01 * err * x\n        b -= 0.01 * err\n"
+    "    json.dump({'w': w, 'b': b, 'epoch': epoch}, open(f'ckpt/e{epoch}.json', 'w'))\n"
+    "log = open('train.log', 'a')\nlog.write(f'{w:.6f}\\n')\nlog.flush()",
+    "!sh -c 'ls ckpt | wc -l > count.txt'",
+    "import time\nwhile not os.environ.get('GO'):\n    time.sleep(0.05)",
+    "best = json.load(open('ckpt/e2.json'))\nlog.write('resumed\\n')\nlog.flush()\n"
+    "print(round(best['w'], 6), round(best['b'], 6), open('count.txt').read().strip(),\n"
+    "      open('train.log').read().split(), sorted(os.listdir('data')), nlpkg.VALUE)",
+)
+
+
+@pytest.fixture
+def node_files(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """The wheel the notebook installs, and a zip on a loopback HTTP server."""
+    import functools
+    import http.server
+    import sys
+    import threading
+    import zipfile
+
+    src = tmp_path / "nlpkg-src"
+    (src / "nlpkg").mkdir(parents=True)
+    (src / "nlpkg" / "__init__.py").write_text("VALUE = 7\n")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "nlpkg"\nversion = "0.1"\n'
+    )
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(wheels), str(src)],
+        check=True,
+    )  # fmt: skip
+    wheels.chmod(0o755)
+    served = tmp_path / "served"
+    served.mkdir()
+    with zipfile.ZipFile(served / "data.zip", "w") as zf:
+        zf.writestr("train.csv", "".join(f"{x},{2 * x + 1}\n" for x in range(10)))
+        zf.writestr("README", "toy data")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(served))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield wheels, f"http://127.0.0.1:{server.server_address[1]}/data.zip"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _pod_like(wheels: Path, url: str) -> tuple[str, ...]:
+    """What the Job gives the container: its working directory an emptyDir at a stable
+    path (here a tmpfs: new with each container), HOME and TMPDIR inside it."""
+    return (
+        "--tmpfs", "/spotbook/work:rw,mode=1777", "-w", "/spotbook/work",
+        "--tmpfs", "/opt/site:rw,mode=1777",
+        "-v", f"{wheels}:/wheels:ro",
+        "-e", "HOME=/spotbook/work/.home", "-e", "TMPDIR=/spotbook/work/.tmp",
+        "-e", "SPOTBOOK_RUN_TMP=/spotbook/work/.tmp",
+        "-e", "PIP_TARGET=/opt/site", "-e", "PYTHONPATH=/opt/site", "-e", f"NL_URL={url}",
+    )  # fmt: skip
+
+
+def test_a_run_killed_in_one_container_resumes_in_a_new_one_with_its_files(
+    image: dict[str, Any],
+    storages: dict[str, Storage],
+    key_file: Path,
+    node_files: tuple[Path, str],
+    tmp_path: Path,
+) -> None:
+    """Killed in one container, resumed in a new one (empty working directory, home and
+    temporary directory, the image's environment): the files the run wrote come back
+    from the S3 store, the pip cell is replayed, and the notebook is the uninterrupted
+    run's."""
+    st = storages["s3"]
+    wheels, url = node_files
+    write_notebook(tmp_path / "nb.ipynb", *NODE_CELLS)
+    stores = {}
+    for name in ("ref", "rd"):
+        stores[name] = f"{st.bucket()}/{name}"
+        r = cli(
+            "run", "nb.ipynb", "--run-dir", stores[name], "--snapshot", "every-cell",
+            "--prepare-only", cwd=tmp_path, env=st.env,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    pod = _pod_like(wheels, url)
+    r = podman(
+        *_run_args(f"sb-ref-{os.getpid()}", st, key_file, f"SPOTBOOK_RUN_DIR={stores['ref']}",
+                   "GO=1", extra=("--rm", *pod)),
+        check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rd = stores["rd"]
+    name = f"sb-node-{os.getpid()}"
+    podman(*_run_args(name, st, key_file, f"SPOTBOOK_RUN_DIR={rd}", extra=("-d", *pod)))
+
+    def at_the_gate() -> bool:
+        state = podman("inspect", name, "--format", "{{.State.Status}}").stdout.strip()
+        assert state == "running", podman("logs", name).stderr[-3000:]
+        return _committed(rd) >= 4
+
+    try:
+        wait_for(at_the_gate, timeout=300, what="cells 0-3 in the store")
+        podman("kill", "-s", "KILL", name)
+        podman("wait", name, check=False)
+    finally:
+        podman("rm", "-f", name, check=False)
+    env = (f"SPOTBOOK_RUN_DIR={rd}", "GO=1")
+    r = podman(*_run_args(f"{name}-2", st, key_file, *env, extra=("--rm", *pod)), check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got, want = _output(rd), _output(stores["ref"])
+    assert got == want
+    assert "resumed" in json.dumps(got[-1])
+    last = _status(rd, st, tmp_path)["attempts"][-1]
+    assert last["resumed_from"] == 4 and last["files_restored"]["files"] >= 5
+    assert last["environment_replayed"] == [0]
+    assert last["fidelity"]["exact"], last["fidelity"]["may_differ"]

@@ -36,24 +36,37 @@ class FidelityReport:
         restored: dict[str, Any] | None,
         records: dict[int, dict[str, Any]],
         files: RunFiles | None,
-    ) -> None:
+        never: frozenset[int] = frozenset(),
+    ) -> set[int]:
         """What of the run's files this node lacks after the restore, by name: a file that
         could not be put back, one that was not saved (excluded, over the budget) and is
         not here, one a finished cell wrote outside the scanned directories that is gone.
-        Never "nothing known to differ" while a file the run wrote is missing."""
+        Never "nothing known to differ" while a file the run wrote is missing. Returns the
+        cells to replay to rebuild the missing files that were not saved: those whose
+        records say they wrote them (not those in ``never``)."""
+        rebuild: set[int] = set()
         listed = doc.get("files") or {}
         if restored:
             self.files = {k: restored[k] for k in ("files", "bytes") if k in restored}
         for path, why in sorted(((restored or {}).get("failed") or {}).items()):
             self.may_differ.append(f"file {path} could not be put back on this node ({why})")
+        after = int(doc["after"])
         for path, entry in sorted((listed.get("skipped") or {}).items()):
             if not os.path.lexists(path):
-                self.may_differ.append(
+                writers = [
+                    i
+                    for i, r in sorted(records.items())
+                    if i <= after and path in (r.get("written") or ()) and i not in never
+                ]
+                what = (
                     f"file {path} ({int(entry.get('size') or 0)} bytes) was not saved "
                     f"({entry.get('why')}) and is missing on this node"
                 )
+                if writers:
+                    rebuild.add(writers[-1])
+                    what += f": cell {writers[-1]}, which wrote it, is replayed to rebuild it"
+                self.may_differ.append(what)
         entries = listed.get("entries") or {}
-        after = int(doc["after"])
         deleted = {
             p for i, r in records.items() for p in (r.get("effects") or {}).get("deletes") or ()
         }
@@ -68,6 +81,7 @@ class FidelityReport:
                     f"file {path}, written by cell {i}, is missing on this node (it was not "
                     "saved with the snapshot)"
                 )
+        return rebuild
 
     def restored(
         self, doc: dict[str, Any], failed: dict[str, str], process_failed: dict[str, str]

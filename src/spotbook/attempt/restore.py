@@ -19,7 +19,7 @@ from ..notebook import document as nbs
 from .env_cells import env_cells
 from .executor import KernelDied, python_transform
 from .fidelity import FidelityReport
-from .replay import ResumePlan, plan_resume
+from .replay import NO_REPLAY_TAG, ResumePlan, plan_resume
 from .snapshots import KERNEL_MODULE, CannotRebuild, Snapshots
 
 if TYPE_CHECKING:
@@ -53,12 +53,17 @@ class Restorer:
         m0 = time.monotonic()
         doc = snaps.usable
         report = FidelityReport(snapshot=doc["name"] if doc else None, undone=self.undone)
+        rebuild_files: set[int] = set()
         if doc is not None:
-            report.files_checked(
+            never = frozenset(
+                i for i, tags in enumerate(nbs.cell_tags(run.nb)) if NO_REPLAY_TAG in tags
+            )
+            rebuild_files = report.files_checked(
                 doc,
                 journal.attempt_rec.get("files_restored"),
                 records,
                 self.snapshots.files,
+                never,
             )
         failed: dict[str, str] = {}
         kinds: dict[str, str] = {}
@@ -107,11 +112,21 @@ class Restorer:
                     "; ".join(f"{n!r}: {why}" for n, why in sorted(plan.unrebuildable.items()))
                 )
             self.refuse_if_strict(report)
-            for index in plan.head:
+            # the chains, and the cells that wrote the files a new node lacks that were
+            # not saved (their variables are loaded again after, as a chain's are)
+            head = sorted(set(plan.head) | rebuild_files)
+            for index in head:
                 await self._set_pre(index, report)
                 await self._replay(index)
+            if head:
+                report.replayed.update(
+                    {
+                        i: "rebuilds a file that was not saved"
+                        for i in rebuild_files - set(plan.head)
+                    }
+                )
             if doc is not None:
-                if plan.head:
+                if head:
                     # what the chain changed in restored variables is undone; its own
                     # variables stay
                     await session.evaluate(
@@ -138,14 +153,15 @@ class Restorer:
         if last_count:
             with contextlib.suppress(RuntimeError):
                 await session.evaluate(f"{KERNEL_MODULE}.set_execution_count({last_count + 1})")
-        redone = sum(float(records.get(i, {}).get("duration") or 0.0) for i in plan.replay)
+        replayed = sorted(set(plan.replay) | rebuild_files)
+        redone = sum(float(records.get(i, {}).get("duration") or 0.0) for i in replayed)
         # what was replayed is at stake again until the next snapshot: a kill now would
         # make the next attempt replay it once more
         snaps.compute_since = redone
         journal.note(
             restored_snapshot=doc["name"] if doc else None,
             unrestored=sorted(failed),
-            replayed=list(plan.replay),
+            replayed=replayed,
             restore_seconds=round(time.monotonic() - m0, 3),
             redone_seconds=round(redone, 3),
             fidelity=report.to_json(),
@@ -154,8 +170,8 @@ class Restorer:
         log.info(
             "restored %s; replayed cells %s (%s)",
             doc["name"] if doc else "no snapshot",
-            list(plan.replay),
-            "; ".join(f"{i}: {why}" for i, why in sorted(plan.reasons.items())) or "none",
+            replayed,
+            "; ".join(f"{i}: {why}" for i, why in sorted(report.replayed.items())) or "none",
         )
         for line in report.may_differ:
             log.warning("may differ from an uninterrupted run: %s", line)

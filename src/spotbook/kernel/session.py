@@ -565,9 +565,11 @@ def _checked_snapshot(blob_dir: str, tries: int = 3) -> str:
     the process (a ``__reduce__`` that calls ``os._exit``, a crash in a C extension) ends
     only that one: the variable it was loading is left out (replayed on resume) and the
     snapshot is written again without it; after ``tries`` such ends, without checks."""
+    import random
     import tempfile
 
     excluded: dict[str, str] = {}
+    state = random.getstate()  # (a fork reseeds random's generator in the child)
     for _ in range(tries):
         # beside the blobs (never among the run's files, which the runner is scanning)
         _private_dirs(blob_dir)
@@ -578,6 +580,7 @@ def _checked_snapshot(blob_dir: str, tries: int = 3) -> str:
             code = 1
             try:
                 _die_with_parent()
+                random.setstate(state)
                 os.close(read_end)
                 LOAD_CHECK.update(on=True, progress=write_end, exclude=excluded)
                 try:
