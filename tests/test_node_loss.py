@@ -308,8 +308,9 @@ def test_a_file_that_is_not_saved_is_named_and_strict_refuses(
     assert any("cell 1, which wrote it, is replayed" in m for m in last["fidelity"]["may_differ"])
 
 
-def test_same_node_copies_nothing(node: Node, tmp_path: Path) -> None:
-    """Resumed where its files are intact, nothing is restored."""
+def test_same_node_copies_nothing(node: Node, nl_reference: dict[str, str], tmp_path: Path) -> None:
+    """Resumed where its files are intact, nothing is restored, and every pattern is the
+    uninterrupted run's."""
     rd = str(tmp_path / "store" / "rd")
     env = node.env()
     proc = start_cli(
@@ -324,6 +325,8 @@ def test_same_node_copies_nothing(node: Node, tmp_path: Path) -> None:
     last = _attempts(rd, env, node.work)[-1]
     assert last["files_restored"]["files"] == 0
     assert not last.get("environment_replayed")
+    got = npat.patterns(load(node.work / "out.ipynb"))
+    assert {k: (got.get(k), v) for k, v in nl_reference.items() if got.get(k) != v} == {}
 
 
 def test_checkpoint_dir_commits_with_its_cell_on_s3(
