@@ -116,3 +116,13 @@ def baseline_src(rev: str, work: Path) -> Path:
     with tarfile.open(archive) as tar:
         tar.extractall(work / "baseline", filter="data")
     return work / "baseline" / "src"
+
+
+def record_pauses(store: Any) -> list[float]:
+    """What the runner spent between cells (snapshot included): each cell's start minus
+    the end of the cell before, from a run store's records."""
+    import itertools
+
+    records = store.cell_records()
+    order = [records[i] for i in sorted(records)]
+    return [float(b["start"]) - float(a["end"]) for a, b in itertools.pairwise(order)]

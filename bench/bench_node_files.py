@@ -16,7 +16,6 @@ restore uses).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import write_notebook
+from _common import record_pauses, write_notebook
 
 from spotbook.attempt.run_files import copy_blob, restore
 from spotbook.store.runstore import RunStore
@@ -44,12 +43,6 @@ def cells(gb: float, n: int, compute: float) -> list[str]:
         f"time.sleep({compute})"
     )
     return [first, *[step] * n, "print(len(os.listdir('.')))"]
-
-
-def pauses(store: RunStore) -> list[float]:
-    records = store.cell_records()
-    order = [records[i] for i in sorted(records)]
-    return [float(b["start"]) - float(a["end"]) for a, b in itertools.pairwise(order)]
 
 
 def main() -> None:
@@ -75,7 +68,7 @@ def main() -> None:
             )  # fmt: skip
             wall = time.monotonic() - t0
             store = RunStore(str(rd))
-            got[mode] = (wall, pauses(store), store, work, rd)
+            got[mode] = (wall, record_pauses(store), store, work, rd)
         w_wall, w_pauses = got["without"][:2]
         c_wall, c_pauses, store, work, rd = got["captured"]
         print(

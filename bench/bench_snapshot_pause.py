@@ -14,7 +14,6 @@ the runner spent between them, snapshot included), read from the run store's rec
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import shutil
 import statistics
@@ -24,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import write_notebook
+from _common import record_pauses, write_notebook
 
 from spotbook.store.runstore import RunStore
 
@@ -40,12 +39,6 @@ def cells(gib: float) -> list[str]:
     # measured is the pause itself, not a wait for the one before
     step = f"for a in arrays:\n    a[:512] += 1.0\ntime.sleep({max(0.5, 4.0 * gib):.1f})"
     return [build, step, step, step, "print(sum(float(a[0]) for a in arrays))"]
-
-
-def pauses(store: RunStore) -> list[float]:
-    records = store.cell_records()
-    order = [records[i] for i in sorted(records)]
-    return [float(b["start"]) - float(a["end"]) for a, b in itertools.pairwise(order)]
 
 
 def main() -> None:
@@ -75,7 +68,7 @@ def main() -> None:
                     float((store.read_snapshot(k) or {}).get("kernel_seconds") or 0.0)
                     for k in store.snapshot_keys().values()
                 ]
-                got[mode] = (pauses(store), attempt, writes)
+                got[mode] = (record_pauses(store), attempt, writes)
                 shutil.rmtree(rd)
             bg, sync = got["background"], got["synchronous"]
             rows.append((gib, bg, sync))

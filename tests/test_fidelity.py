@@ -498,6 +498,32 @@ def test_a_notebook_whose_only_thread_is_pyzmqs_resumes_strictly(work: Path) -> 
     assert "snapshots_sync" not in first, first.get("snapshots_sync")  # forked as usual
 
 
+def _gate_cell(gate: Path) -> str:
+    return f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)"
+
+
+def _reference_then_killed_at_gate(work: Path, nb: str, gate: Path, committed: int) -> dict:
+    """Run ``nb`` uninterrupted (``ref.ipynb``), then again with ``--snapshot every-cell``
+    killed once ``committed`` records are in (the gate cell holds it there), release
+    the gate and resume (``out.ipynb``); return the last attempt's record."""
+    gate.touch()
+    assert cli("run", nb, "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
+    gate.unlink()
+    proc = start_cli(
+        "run", nb, "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
+    )
+    wait_for(
+        lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= committed,
+        what=f"{committed} cells",
+    )
+    kill(proc)
+    gate.touch()
+    r = cli("resume", "rd", cwd=work, timeout=300)
+    assert r.returncode == 0, r.stderr
+    attempts: list[dict] = json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"]
+    return attempts[-1]
+
+
 def test_scikit_learns_repr_ids_go_on_after_a_resume(work: Path) -> None:
     """scikit-learn numbers its estimators' HTML reprs (``sk-container-id-N``) from a
     module counter: after a resume the next one is 2, as in an uninterrupted run, not a
@@ -509,19 +535,10 @@ def test_scikit_learns_repr_ids_go_on_after_a_resume(work: Path) -> None:
     write_notebook(
         work / "sk.ipynb",
         "from sklearn.linear_model import LinearRegression\nLinearRegression()",
-        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        _gate_cell(gate),
         "LinearRegression(fit_intercept=False)",
     )
-    gate.touch()
-    assert cli("run", "sk.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
-    gate.unlink()
-    proc = start_cli(
-        "run", "sk.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
-    )
-    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 1, what="cell 0")
-    kill(proc)
-    gate.touch()
-    assert cli("resume", "rd", cwd=work).returncode == 0
+    _reference_then_killed_at_gate(work, "sk.ipynb", gate, 1)
 
     def html(path: Path) -> str:
         return "".join(load(path)["cells"][2]["outputs"][0]["data"]["text/html"])
@@ -546,21 +563,10 @@ def test_a_replayed_cell_draws_again_what_it_first_drew_from_the_notebooks_gener
         "old = np.random.RandomState(7)\npy = random.Random(9)",
         "gen = (round(float(v), 6) for v in [*rng.normal(size=3), old.rand(), py.random()])",
         "y = round(float(rng.normal()), 6)",
-        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        _gate_cell(gate),
         "print(list(gen), y, round(float(rng.normal()), 6), old.rand(), py.random())",
     )
-    gate.touch()
-    assert cli("run", "rng.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
-    gate.unlink()
-    proc = start_cli(
-        "run", "rng.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
-    )
-    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 3, what="3 cells")
-    kill(proc)
-    gate.touch()
-    r = cli("resume", "rd", cwd=work)
-    assert r.returncode == 0, r.stderr
-    last = json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][-1]
+    last = _reference_then_killed_at_gate(work, "rng.ipynb", gate, 3)
     assert last["fidelity"]["chains"] == {"gen": [1]}
     assert (
         load(work / "out.ipynb")["cells"][4]["outputs"]
@@ -581,22 +587,12 @@ def test_names_a_star_import_bound_are_rebuilt_by_the_import(work: Path) -> None
         work / "sym.ipynb",
         "from sympy import *",
         "x = symbols('x')\ne = expand((x + 1) ** 3)",
-        f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        _gate_cell(gate),
         "print(e, RR(1.5), sin(0), type(RR).__name__)",
     )
-    proc = start_cli(
-        "run", "sym.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
-    )
-    wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 2, what="2 cells")
-    kill(proc)
-    gate.touch()
-    r = cli("resume", "rd", cwd=work, timeout=300)
-    assert r.returncode == 0, r.stderr
-    last = json.loads(cli("status", "rd", "--json", cwd=work).stdout)["attempts"][-1]
+    last = _reference_then_killed_at_gate(work, "sym.ipynb", gate, 2)
     assert "fallback" not in last, last.get("fallback")
     assert last["resumed_from"] == 2 and last["fidelity"]["chains"]["RR"] == [0]
-    gate.touch()
-    assert cli("run", "sym.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
     text = "".join(load(work / "out.ipynb")["cells"][3]["outputs"][0]["text"])
     assert text == "".join(load(work / "ref.ipynb")["cells"][3]["outputs"][0]["text"])
     assert text.startswith("x**3 + 3*x**2 + 3*x + 1 1.5 0 RealField")

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..kernel.pickling import _TREE, CHUNK, Blobs, IntegrityError, digest_of
+from ..store.integrity import make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -442,19 +443,15 @@ def restore(
 
 
 def _make_dirs(path: str, mode: int) -> None:
-    """``path`` and its missing parents, refusing to pass through a link."""
-    missing_dirs = []
-    while not os.path.isdir(path):
-        missing_dirs.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    for d in reversed(missing_dirs):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d, mode & 0o7777 or 0o700)
-        if os.path.islink(d) or not os.path.isdir(d):
-            raise OSError(0, f"{d} is not a directory")
+    """``path`` and its missing parents (0700, as the store's), refusing to pass
+    through a link."""
+    existed = os.path.isdir(path)
+    make_private_dirs(path)
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise OSError(0, f"{path} is not a directory")
+    if not existed and mode and mode & 0o7777 != 0o700:  # made now: given its own mode
+        with contextlib.suppress(OSError):
+            os.chmod(path, mode & 0o7777)
 
 
 def copy_blob(blob_dir: str) -> Callable[[str, str], None]:

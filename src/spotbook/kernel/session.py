@@ -105,35 +105,22 @@ def init() -> str:
     _baseline_modules.update(sys.modules)
     _baseline_threads.update(t.ident or 0 for t in threading.enumerate())
     home = os.path.expanduser("~")
-    _IGNORED_PREFIXES = tuple(
-        os.path.join(p, "")
-        for p in (
-            sys.prefix,
-            sys.base_prefix,
-            os.path.join(home, ".cache"),
-            os.path.join(home, ".ipython"),
-            os.path.join(home, ".config"),
-            os.path.join(home, ".local"),
-            os.environ.get("MPLCONFIGDIR", os.path.join(home, ".matplotlib")),
-            # the checkpoint directory is spotbook's to restore: a rerun writing it is meant
-            os.environ.get("SPOTBOOK_CHECKPOINT_DIR", os.path.join(home, ".spotbook-none")),
-        )
+    # the environment's, IPython's and matplotlib's own places, and the checkpoint
+    # directory (spotbook's to restore: a rerun writing it is meant)
+    own = (
+        sys.prefix,
+        sys.base_prefix,
+        os.path.join(home, ".ipython"),
+        os.environ.get("MPLCONFIGDIR", os.path.join(home, ".matplotlib")),
+        os.environ.get("SPOTBOOK_CHECKPOINT_DIR", os.path.join(home, ".spotbook-none")),
     )
+    # the report does not name writes to caches and configuration either; the run's
+    # files do include them (a new node's home is empty)
+    caches = tuple(os.path.join(home, d) for d in (".cache", ".config", ".local"))
+    _IGNORED_PREFIXES = tuple(os.path.join(p, "") for p in (*own, *caches))
+    _NOT_RUN_FILES = tuple(os.path.join(p, "") for p in (*own, "/dev", "/proc", "/sys"))
     checkpoint = os.environ.get("SPOTBOOK_CHECKPOINT_DIR")
     _CHECKPOINT["dir"] = os.path.join(os.path.abspath(checkpoint), "") if checkpoint else ""
-    _NOT_RUN_FILES = tuple(
-        os.path.join(p, "")
-        for p in (
-            sys.prefix,
-            sys.base_prefix,
-            os.path.join(home, ".ipython"),
-            os.environ.get("MPLCONFIGDIR", os.path.join(home, ".matplotlib")),
-            os.environ.get("SPOTBOOK_CHECKPOINT_DIR", os.path.join(home, ".spotbook-none")),
-            "/dev/",
-            "/proc/",
-            "/sys/",
-        )
-    )
     shell = _shell()
     shell.events.register("pre_run_cell", _pre_cell)
     shell.events.register("post_run_cell", _post_cell)
