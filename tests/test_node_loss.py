@@ -128,16 +128,23 @@ def node(tmp_path: Path, wheel: Path, served: str) -> Node:
 
 
 @pytest.fixture(scope="module")
-def nl_reference(
+def nl_reference_run(
     tmp_path_factory: pytest.TempPathFactory, wheel: Path, served: str
-) -> dict[str, str]:
+) -> tuple[dict[str, str], float]:
+    """The node-loss notebook run once, uninterrupted: its patterns and its duration."""
     n = Node(tmp_path_factory.mktemp("nl-reference") / "node", wheel, served).make()
     n.release()
     r = cli("run", "nl.ipynb", "ref.ipynb", "--run-dir", "../ref", cwd=n.work, env=n.env())
     assert r.returncode == 0, r.stderr
-    found = npat.patterns(load(n.work / "ref.ipynb"))
+    nb = load(n.work / "ref.ipynb")
+    found = npat.patterns(nb)
     assert len(found) >= 30 and "(errors)" not in found, found
-    return found
+    return found, float(nb["metadata"]["papermill"]["duration"])
+
+
+@pytest.fixture(scope="module")
+def nl_reference(nl_reference_run: tuple[dict[str, str], float]) -> dict[str, str]:
+    return nl_reference_run[0]
 
 
 def _store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, dict]:
@@ -223,33 +230,43 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+@pytest.mark.parametrize("kind", ["local", "s3"])
 def test_random_kills_on_new_nodes(
-    node: Node, nl_reference: dict[str, str], tmp_path: Path
+    node: Node,
+    nl_reference_run: tuple[dict[str, str], float],
+    tmp_path: Path,
+    kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """Kills at random points of an every-cell run (an instant drawn from the reference
-    run's duration, a record committing, a blob being written), each followed by a wiped
-    node; the run waits at its gate until the last kill, so every kill lands."""
-    rng = random.Random(f"{SEED}-node-loss")
-    rd = str(tmp_path / "store" / "rd")
-    env = node.env()
-    seconds = 8.0
+    """Kills at random points of an every-cell run (an instant drawn from the duration
+    the uninterrupted run took, a record committing, a blob being written — on the local
+    store, where it can be seen), each followed by a wiped node; the run waits at its
+    gate until the last kill, so every kill lands on any machine."""
+    nl_reference, seconds = nl_reference_run
+    rng = random.Random(f"{SEED}-node-loss-{kind}")
+    rd, store_env = _store(kind, tmp_path, request)
+    env = {**node.env(), **store_env}
+
+    def store() -> RunStore:
+        with _environ(store_env):
+            return RunStore(rd)
+
     proc = start_cli(
         "run", "nl.ipynb", "out.ipynb", "--run-dir", rd, "--snapshot", "every-cell",
         cwd=node.work, env=env,
     )  # fmt: skip
     kills = 6
+    points = ["instant", "record", "blob"] if kind == "local" else ["instant", "record"]
     for k in range(kills):
-        wait_for(
-            lambda k=k: len(RunStore(rd).attempt_numbers()) > k, timeout=120, what="an attempt"
-        )
-        kind = rng.choice(["instant", "record", "blob"])
-        if kind == "instant":
+        wait_for(lambda k=k: len(store().attempt_numbers()) > k, timeout=120, what="an attempt")
+        point = rng.choice(points)
+        if point == "instant":
             with contextlib.suppress(subprocess.TimeoutExpired):  # ends early only on a crash
                 proc.wait(timeout=rng.uniform(0.0, seconds))
-        elif kind == "record":
-            n = len(RunStore(rd).cell_records())
+        elif point == "record":
+            n = len(store().cell_records())
             wait_for(
-                lambda n=n: len(RunStore(rd).cell_records()) > min(n, npat.GATE - 1),
+                lambda n=n: len(store().cell_records()) > min(n, npat.GATE - 1),
                 timeout=120,
                 what="a record",
             )
@@ -257,7 +274,7 @@ def test_random_kills_on_new_nodes(
             blobs = Path(rd) / "state" / "blobs"
             wait_for(
                 lambda blobs=blobs: (
-                    len(RunStore(rd).cell_records()) >= npat.GATE
+                    len(store().cell_records()) >= npat.GATE
                     or (blobs.is_dir() and any(".tmp-" in n for n in os.listdir(blobs)))
                 ),
                 timeout=120,
