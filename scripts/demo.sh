@@ -28,3 +28,4 @@ nb = json.load(open("demo-output.ipynb"))
 print("last cell says:", "".join(nb["cells"][-1]["outputs"][0]["text"]).strip())
 PY
 echo "The output notebook is demo-output.ipynb; the run store is $RUN."
+echo "spotbook is in .venv/bin: run '. .venv/bin/activate' to put it on your PATH (or 'pipx install .' here)."

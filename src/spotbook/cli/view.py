@@ -13,7 +13,7 @@ def _needs(what: str, module: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise UsageError(f"{what} needs {module}: pip install 'spotbook[ui]'")
+        raise UsageError(f"{what} needs {module}: pip install '.[ui]' in the spotbook folder")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
