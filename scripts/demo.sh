@@ -6,7 +6,7 @@ set -euo pipefail
 . "$(dirname "$0")/_venv.sh" "[demo]"
 RUN=.spotbook/demo
 rm -rf "$RUN" demo-output.ipynb
-echo "== 1. start: spotbook run examples/train.ipynb demo-output.ipynb -p epochs 6 --run-dir $RUN"
+echo "== 1. start: spotbook run examples/train.ipynb demo-output.ipynb -p epochs 6 --run-dir $RUN --snapshot every-cell"
 spotbook run examples/train.ipynb demo-output.ipynb -p epochs 6 --run-dir "$RUN" --snapshot every-cell &
 pid=$!
 # wait until four cells (data, model, two epochs) are committed, then pull the plug

@@ -61,7 +61,8 @@ class Cluster:
             from lightkube.core.exceptions import ConfigError
         except ImportError as exc:
             raise UsageError(
-                "the cluster commands need the Kubernetes client: pip install '.[kube]' in the spotbook folder"
+                "the cluster commands need the Kubernetes client: pip install '.[kube]' in "
+                "the spotbook folder"
             ) from exc
 
         try:
