@@ -141,6 +141,7 @@ def main() -> None:
     served = top / "served"
     served.mkdir()
     (served / "data.txt").write_text("downloaded bytes")
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
             pass

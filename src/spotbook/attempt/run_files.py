@@ -483,9 +483,7 @@ def copy_blob(blob_dir: str) -> Callable[[str, str], None]:
             finally:
                 os.close(fd)
         found = (
-            "t" + hashlib.sha256(_TREE + b"".join(parts)).hexdigest()
-            if tree
-            else whole.hexdigest()
+            "t" + hashlib.sha256(_TREE + b"".join(parts)).hexdigest() if tree else whole.hexdigest()
         )
         if found != digest:
             raise FilesIntegrityError(f"the blob of {path} does not match its hash")
