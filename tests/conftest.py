@@ -58,7 +58,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = ""
         value = predicate()
         if value:
             return value
-        time.sleep(0.02)
+        time.sleep(0.02)  # a poll: the predicate is the event; its period decides nothing
     raise AssertionError(f"timed out waiting for {what or predicate}")
 
 
@@ -140,6 +140,19 @@ def pytest_configure(config: pytest.Config) -> None:
     # the run stores of execute_notebook calls without run_dir: not the tester's ~/.cache
     if "SPOTBOOK_CACHE_DIR" not in os.environ:
         os.environ["SPOTBOOK_CACHE_DIR"] = tempfile.mkdtemp(prefix="spotbook-cache-")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its fidelity rows to the controller, which prints them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["fidelity"] = json.dumps(session.config.stash.get(FIDELITY, []))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    rows = json.loads(getattr(node, "workeroutput", {}).get("fidelity", "[]"))
+    node.config.stash[FIDELITY].extend(rows)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -98,7 +98,7 @@ def main() -> None:
             if outage == "hang":
                 count("held")
                 while _outage(args.stats + ".outage") == "hang":
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # a poll: the test removes the outage file
                 self.close_connection = True
                 return
             if roll < args.fail or outage is not None:

@@ -44,7 +44,7 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: flo
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
-        time.sleep(0.05)
+        time.sleep(0.05)  # a poll: the server's port answering is the event
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
 
 

@@ -275,3 +275,21 @@ def test_a_handle_is_never_restored_on_a_missing_or_shorter_file(tmp_path: Path)
     with pytest.raises(FileNotFoundError, match="SQLite"):
         restore_sqlite(str(tmp_path / "gone.db"), None, "")
     assert not (tmp_path / "gone.db").exists()
+
+
+def test_other_runs_stores_and_environments_are_not_the_runs_files(tmp_path: Path) -> None:
+    """A sweep's points share a working directory: each point's store (and a venv, a
+    sweep's own store) there is never captured as this run's files; a plain run.json is."""
+    files, work, blobs = _files(tmp_path)
+    for folder, markers in (
+        ("sw/points/0", ("run.json", "input.ipynb")),
+        ("sw", ("sweep.json",)),
+        ("venv", ("pyvenv.cfg",)),
+        ("results", ("run.json",)),
+    ):
+        (work / folder).mkdir(parents=True, exist_ok=True)
+        for m in markers:
+            (work / folder / m).write_text("{}")
+    doc, _ = files.capture(str(blobs))
+    kept = {os.path.relpath(p, work) for p in doc["entries"]}
+    assert kept == {"results", "results/run.json"}

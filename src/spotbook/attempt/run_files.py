@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 _SKIP_NAMES = frozenset(
     {".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".spotbook", ".ipython"}
 )
+# what marks a folder as not the run's: a virtual environment, a run store, a sweep's store
+_NOT_RUN_DIRS = (("pyvenv.cfg",), ("run.json", "input.ipynb"), ("sweep.json", "points"))
 _MAX_ENTRIES = 200_000  # a scan stops here (and the snapshot says so)
 # files up to this size are copied at the cell boundary itself (milliseconds); larger ones
 # beside the next cell, and kept only if they did not change meanwhile
@@ -123,8 +125,12 @@ class RunFiles:
     def _skipped_dir(self, path: str, name: str) -> bool:
         if name in _SKIP_NAMES or path in self.skip:
             return True
-        # a virtual environment: the environment's, rebuilt by the cells that made it
-        return os.path.exists(os.path.join(path, "pyvenv.cfg"))
+        # a virtual environment (the environment's, rebuilt by the cells that made it), a
+        # run store or a sweep's (another run's own, e.g. the other points of a sweep
+        # sharing this working directory: never this run's files)
+        return any(
+            all(os.path.exists(os.path.join(path, m)) for m in markers) for markers in _NOT_RUN_DIRS
+        )
 
     def scan(self) -> dict[str, Key]:
         """Every entry under the roots (never through a link), and the noted paths."""
