@@ -41,8 +41,4 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 echo "== ruff ($(date +%T))"; ruff check src tests bench; ruff format --check src tests bench
 echo "== mypy"; mypy
-# Test files on 3 workers (2 cores: most of the suite's time is kernels starting, cells
-# waiting on gates and servers answering); each file stays on one worker, so its module
-# fixtures (reference runs, servers) are made once. SPOTBOOK_TEST_WORKERS=0: in this process.
-echo "== pytest ($(date +%T))"
-python -m pytest -n "${SPOTBOOK_TEST_WORKERS:-3}" --dist loadfile "$@"
+echo "== pytest ($(date +%T))"; python -m pytest "$@"
