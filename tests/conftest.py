@@ -142,19 +142,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["SPOTBOOK_CACHE_DIR"] = tempfile.mkdtemp(prefix="spotbook-cache-")
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A pytest-xdist worker hands its fidelity rows to the controller, which prints them."""
-    output = getattr(session.config, "workeroutput", None)
-    if output is not None:
-        output["fidelity"] = json.dumps(session.config.stash.get(FIDELITY, []))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    rows = json.loads(getattr(node, "workeroutput", {}).get("fidelity", "[]"))
-    node.config.stash[FIDELITY].extend(rows)
-
-
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The fidelity matrix's count: cases (patterns x kill points) identical, named, failed;
     and the tamper suite's: attacks refused."""
