@@ -28,22 +28,6 @@ sys.path.insert(0, str(ROOT))
 from tests import node_patterns as npat  # noqa: E402
 
 
-def _wheel(where: Path) -> Path:
-    src = where / "nlpkg-src"
-    (src / "nlpkg").mkdir(parents=True)
-    (src / "nlpkg" / "__init__.py").write_text("VALUE = 7\n")
-    (src / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "nlpkg"\nversion = "0.1"\n'
-    )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(where / "wheels"), str(src)],
-        check=True,
-    )  # fmt: skip
-    return next((where / "wheels").glob("*.whl"))
-
-
 class Node:
     def __init__(self, root: Path, wheel: Path, url: str) -> None:
         self.root, self.wheel, self.url = root, wheel, url
@@ -151,7 +135,7 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/data.txt"
     try:
-        wheel = _wheel(top)
+        wheel = npat.build_wheel(top)
         ref = Node(top / "ref" / "node", wheel, url).make()
         ref.gate.touch()
         subprocess.run(

@@ -13,6 +13,8 @@ creates after its kills).
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -184,4 +186,24 @@ def patterns(nb: dict[str, Any]) -> dict[str, str]:
     errors = re.findall(r"^ERROR .*$", text, re.M)
     if errors:
         found["(errors)"] = "; ".join(errors)
+    return found
+
+
+def build_wheel(where: Path) -> Path:
+    """The pure-Python wheel ``nlpkg`` (VALUE = 7) that the notebook pip-installs, built
+    offline into ``where/wheels``."""
+    src = where / "nlpkg-src"
+    (src / "nlpkg").mkdir(parents=True)
+    (src / "nlpkg" / "__init__.py").write_text("VALUE = 7\n")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "nlpkg"\nversion = "0.1"\n'
+    )
+    wheels = where / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(wheels), str(src)],
+        check=True,
+    )  # fmt: skip
+    (found,) = wheels.glob("nlpkg-*.whl")
     return found

@@ -19,7 +19,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,21 +39,7 @@ SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pure-Python wheel (``nlpkg``) the notebook pip-installs, built here offline."""
-    src = tmp_path_factory.mktemp("nlpkg-src")
-    (src / "nlpkg").mkdir()
-    (src / "nlpkg" / "__init__.py").write_text("VALUE = 7\n")
-    (src / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "nlpkg"\nversion = "0.1"\n'
-    )
-    out = tmp_path_factory.mktemp("wheels")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(out), str(src)],
-        check=True,
-    )  # fmt: skip
-    (found,) = out.glob("nlpkg-*.whl")
-    return found
+    return npat.build_wheel(tmp_path_factory.mktemp("nlpkg"))
 
 
 @pytest.fixture(scope="module")

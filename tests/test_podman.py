@@ -345,23 +345,12 @@ def node_files(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """The wheel the notebook installs, and a zip on a loopback HTTP server."""
     import functools
     import http.server
-    import sys
     import threading
     import zipfile
 
-    src = tmp_path / "nlpkg-src"
-    (src / "nlpkg").mkdir(parents=True)
-    (src / "nlpkg" / "__init__.py").write_text("VALUE = 7\n")
-    (src / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-        '[project]\nname = "nlpkg"\nversion = "0.1"\n'
-    )
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(wheels), str(src)],
-        check=True,
-    )  # fmt: skip
+    from . import node_patterns
+
+    wheels = node_patterns.build_wheel(tmp_path).parent
     wheels.chmod(0o755)
     served = tmp_path / "served"
     served.mkdir()

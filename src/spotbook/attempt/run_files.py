@@ -351,19 +351,23 @@ def _put(blobs: Blobs, path: str) -> dict[str, Any]:
     }
 
 
+def _digest_of_fd(fd: int) -> str:
+    """The blob name of an open file's content (mapped, pieces hashed on every core)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return digest_of(memoryview(b""))
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            return digest_of(view)
+        finally:
+            view.release()
+
+
 def verify(path: str, digest: str) -> None:
     """Raise unless the file at ``path`` hashes to ``digest``."""
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size == 0:
-            found = digest_of(memoryview(b""))
-        else:
-            with mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    found = digest_of(view)
-                finally:
-                    view.release()
+        found = _digest_of_fd(fh.fileno())
     if found != digest:
         raise FilesIntegrityError(f"the blob of {path} does not match its hash")
 
@@ -467,16 +471,7 @@ def copy_blob(blob_dir: str) -> Callable[[str, str], None]:
     def fetch(digest: str, path: str) -> None:
         with open(os.path.join(blob_dir, digest), "rb") as src:
             size = os.fstat(src.fileno()).st_size
-            if size:
-                with mmap.mmap(src.fileno(), size, prot=mmap.PROT_READ) as mapped:
-                    view = memoryview(mapped)
-                    try:
-                        found = digest_of(view)
-                    finally:
-                        view.release()
-            else:
-                found = digest_of(memoryview(b""))
-            if found != digest:
+            if _digest_of_fd(src.fileno()) != digest:
                 raise FilesIntegrityError(f"the blob of {path} does not match its hash")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
