@@ -129,7 +129,8 @@ tick()
 con.execute('insert into t values (3)')
 drawn.append(float(np.random.rand()))
 huge = np.ones(20_000_000)""",
-    # 8: a later cell to be killed in
+    # 8: a later cell to be killed in (its sleep is the notebook's work: under auto, 1.2 s of
+    # compute makes a snapshot due; no test's kill waits on it)
     "time.sleep(1.2)",
     # 9: more changes
     """state = {**state, 'n': state['n'] + 1}

@@ -114,7 +114,8 @@ def test_resume_is_identical_or_names_what_differs(
     request: pytest.FixtureRequest,
 ) -> None:
     fnb.write(work / "fid.ipynb")
-    env = {**place.env, **ENV}
+    gate = work.parent / f"{work.name}-gate"  # cell 10 holds the run until the kill
+    env = {**place.env, **ENV, "FID_GATE": str(gate)}
     if point == "new-node":
         for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
             env[var] = str(work.parent / f"{work.name}-{name}")
@@ -139,9 +140,11 @@ def test_resume_is_identical_or_names_what_differs(
         wait_for(lambda: place.committed() >= k, timeout=120, what=f"{k} cells committed")
     code, err = kill(proc)
     assert code == -signal.SIGKILL, err
+    gate.touch()
     if point == "new-node":
         _wipe_node(work, env)
     resume_env = {**place.env, **RESUME_ENV, **{k: env[k] for k in ("HOME", "TMPDIR") if k in env}}
+    resume_env["FID_GATE"] = str(gate)
     r = cli("resume", place.rd, cwd=work, env=resume_env)
     assert r.returncode == 0, r.stderr
     got = fnb.patterns(load(work / "out.ipynb"))
@@ -277,8 +280,9 @@ def _fallback_notebook(work: Path) -> None:
         "import os, socket\nruns = open('runs.txt', 'a+')\nruns.seek(0)\n"
         "n = len(runs.read().splitlines()) + 1\nruns.write('x\\n')\nruns.flush()\n"
         "sock = socket.socket()\nif n == 2:\n    raise RuntimeError('poisoned replay')",
+        # 0.5 s of work the fallback redoes (the report's redone time is checked)
         "import time\ntime.sleep(0.5)\nx = 1",
-        "time.sleep(3)",
+        _gate_cell(work / "gate"),
         "print(sock.family.name, x)",
     )
 
@@ -291,6 +295,7 @@ def test_state_that_cannot_be_rebuilt_falls_back_to_a_fresh_run(work: Path) -> N
     )  # fmt: skip
     wait_for(lambda: len(Place("local", "rd", str(work / "rd"), {}).store().cell_records()) >= 2)
     kill(proc)
+    (work / "gate").touch()
     # cell 0 writes runs.txt: replaying it could differ, so a strict resume refuses
     # before it replays anything
     r = cli("resume", "rd", "--strict-resume", cwd=work)
@@ -321,16 +326,19 @@ def test_a_missing_blob_falls_back_and_a_changed_one_is_refused(work: Path) -> N
     write_notebook(
         work / "mb.ipynb",
         "import numpy as np\na = np.arange(100_000)",
-        "import time\ntime.sleep(3)",
+        _gate_cell(work / "gate"),
         "print(a.sum())",
     )
+    (work / "gate").touch()
     assert cli("run", "mb.ipynb", "ref.ipynb", "--snapshot", "off", cwd=work).returncode == 0
+    (work / "gate").unlink()
     proc = start_cli(
         "run", "mb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
     )
     snap = work / "rd" / "state" / "snap"
     wait_for(lambda: snap.is_dir() and os.listdir(snap), what="a snapshot")
     kill(proc)
+    (work / "gate").touch()
     doc = load(snap / os.listdir(snap)[0])
     blobs = work / "rd" / "state" / "blobs"
     buffer = blobs / doc["stream"]["buffers"][0]
@@ -432,15 +440,18 @@ def test_torch_generator_and_defaults_come_back(work: Path) -> None:
         work / "t.ipynb",
         "import torch\ntorch.manual_seed(3)\ntorch.set_default_dtype(torch.float64)\n"
         "w = torch.rand(2, requires_grad=True)\nw.sum().backward()",
-        "import time\ntime.sleep(2)",
+        _gate_cell(work / "gate"),
         "print(torch.rand(3).tolist(), torch.get_default_dtype(), w.grad.tolist())",
     )
+    (work / "gate").touch()
     assert cli("run", "t.ipynb", "ref.ipynb", cwd=work).returncode == 0
+    (work / "gate").unlink()
     proc = start_cli(
         "run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
     )
     wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 1, what="cell 0")
     kill(proc)
+    (work / "gate").touch()
     r = cli("resume", "rd", "--strict-resume", cwd=work)
     assert r.returncode == 0, r.stderr
     assert (
@@ -455,10 +466,11 @@ def test_a_replayed_first_cell_is_not_said_to_write_a_file_it_never_wrote(work: 
     a strict resume that replays the cell must not refuse over it."""
     from .conftest import write_notebook
 
-    write_notebook(work / "t0.ipynb", "x = 1", "import time\ntime.sleep(3)", "print(x)")
+    write_notebook(work / "t0.ipynb", "x = 1", _gate_cell(work / "gate"), "print(x)")
     proc = start_cli("run", "t0.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
     wait_for(lambda: len(Place("local", "rd", str(work / "rd"), {}).store().cell_records()) >= 1)
     kill(proc)
+    (work / "gate").touch()
     r = cli("resume", "rd", "--strict-resume", cwd=work)
     assert r.returncode == 0, r.stderr
     doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)

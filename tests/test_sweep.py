@@ -37,13 +37,21 @@ def write_sweep_notebook(path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     params = nbformat.v4.new_code_cell("lr = 0.1\nseed = 0\nfail = False")
     params.metadata["tags"] = ["parameters"]
+    # with SWEEP_GATE set, step 2 waits for that file: a test that kills the sweep finds
+    # every started point part-way, on any machine, and releases it before the resume
+    gate = (
+        "while os.environ.get('SWEEP_GATE') and not os.path.exists(os.environ['SWEEP_GATE']):\n"
+        "    time.sleep(0.01)\n"
+    )
     steps = [
-        nbformat.v4.new_code_cell(f"time.sleep(0.2)\nacc += lr * rng.random()\nsteps.append({k})")
+        nbformat.v4.new_code_cell(
+            (gate if k == 2 else "") + f"acc += lr * rng.random()\nsteps.append({k})"
+        )
         for k in range(4)
     ]
     nb.cells = [
         params,
-        nbformat.v4.new_code_cell("import random, time, spotbook\nrng = random.Random(seed)\n"
+        nbformat.v4.new_code_cell("import os, random, time, spotbook\nrng = random.Random(seed)\n"
                                   "acc = 0.0\nsteps = []"),
         *steps,
         nbformat.v4.new_code_cell("if fail:\n    raise ValueError('this point fails')"),
@@ -152,9 +160,10 @@ def test_a_killed_sweep_resumes_every_point_to_the_same_results(
     url = str(tmp_path / "sw")
     argv = [sys.executable, "-m", "spotbook", "sweep", "sweep.ipynb", "--run-dir", "sw"]
     argv += ["-f", "grid.yaml", "--parallel", "3", "--snapshot", "every-cell"]
+    gate = tmp_path / "gate"
     proc = subprocess.Popen(
         argv, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "SWEEP_GATE": str(gate)},
     )  # fmt: skip
 
     def committed() -> dict[int, int]:
@@ -165,10 +174,11 @@ def test_a_killed_sweep_resumes_every_point_to_the_same_results(
                 out[i] = len(store.cell_records())
         return out
 
-    # several points part-way: the kill lands in the middle of the sweep
+    # several points part-way (held at the gate): the kill lands in the middle of the sweep
     wait_for(lambda: sum(committed().values()) >= 12, timeout=180, what="12 cells")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+    gate.touch()
     before = committed()
     assert 0 < sum(before.values()) < 12 * 9, before
     table = spotbook.sweep_status(url)
@@ -297,6 +307,8 @@ def test_a_submitted_sweep_replaces_a_preempted_index_and_fails_one_point(
     sweep_id = job["metadata"]["labels"]["spotbook.dev/run-id"]
     name = job["metadata"]["name"]
 
+    gate = tmp_path / "gate"  # point 0's first pod is held part-way until its SIGTERM
+
     def worker(index: int, pod_name: str) -> subprocess.Popen[str]:
         return start_cli(
             "worker",
@@ -309,6 +321,7 @@ def test_a_submitted_sweep_replaces_a_preempted_index_and_fails_one_point(
                 "POD_NAME": pod_name,
                 "NODE_NAME": "gke-spot-1",
                 "POD_NAMESPACE": "default",
+                "SWEEP_GATE": str(gate),
             },
         )
 
@@ -318,6 +331,7 @@ def test_a_submitted_sweep_replaces_a_preempted_index_and_fails_one_point(
     wait_for(lambda: len(RunStore(f"{rd}/points/0").cell_records()) >= 3, what="3 cells")
     code, err = kill(first, signal.SIGTERM)
     assert code == 75, err
+    gate.touch()
     kube.put("pods", disrupted("p0", sweep_id, "gke-spot-1", "TerminationByKubelet"))
     table = spotbook.sweep_status(rd)
     assert table.rows[0].status == "interrupted" and table.rows[0].preemptions == 1
@@ -360,7 +374,7 @@ def test_ctrl_c_stops_every_point_with_exit_75(tmp_path: Path) -> None:
     url = tmp_path / "sw"
     proc = start_cli(
         "sweep", "sweep.ipynb", "--run-dir", "sw", "-p", "seed", "1,2,3,4", "--parallel", "2",
-        cwd=tmp_path,
+        cwd=tmp_path, env={"SWEEP_GATE": str(tmp_path / "gate")},  # never released
     )  # fmt: skip
     wait_for(
         lambda: sum(len(RunStore(f"{url}/points/{i}").cell_records()) for i in (0, 1)) >= 4,
