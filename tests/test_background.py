@@ -112,6 +112,7 @@ def test_a_display_updated_while_its_cells_record_waits_for_the_snapshot(
     runs, and cell 1 (no snapshot due after it) updates cell 0's display: the update must
     reach the record that waits, not be lost when it is committed."""
     release = tmp_path / "release"
+    # the 0.6 s sleep is cell 0's work (it makes a snapshot due under auto at 0.5 s)
     write_notebook(
         tmp_path / "d.ipynb",
         "import time\nfrom IPython.display import display\n"
@@ -139,6 +140,8 @@ def test_under_auto_the_cells_never_wait_for_a_snapshot_being_written(tmp_path: 
     cannot finish before cell 2 runs): under auto, cell 2 runs at once (waiting would
     never end) and a later boundary takes the next snapshot."""
     release = tmp_path / "release"
+    # the 0.6 s sleeps are the cells' work (under auto with a 0.5 s interval each makes a
+    # snapshot due); the order of events is fixed by the release file, not by them
     write_notebook(
         tmp_path / "w.ipynb",
         "import time\nclass Slow:\n    def __reduce__(self):\n"

@@ -94,7 +94,8 @@ def test_downtime_when_the_first_cell_never_finished(work: Path) -> None:
     write_notebook(
         work / "first.ipynb",
         f"import os, time\nif not os.path.exists({str(marker)!r}):\n"
-        f"    open({str(marker)!r}, 'w').close()\n    time.sleep(60)",
+        f"    open({str(marker)!r}, 'w').close()\n    while True:  # held until the kill\n"
+        "        time.sleep(0.01)",
         "x = 1",
     )
     runner = start_cli("run", "first.ipynb", "--run-dir", "rd", cwd=work)

@@ -375,17 +375,21 @@ def test_cuda_training_resumes_to_the_same_result(work: Path) -> None:
         *[
             "x = torch.randn(256, 64, device=dev)\ny = x.sum(1, keepdim=True)\n"
             "loss = ((model(x) - y) ** 2).mean()\nopt.zero_grad()\nloss.backward()\nopt.step()\n"
-            "losses.append(round(loss.item(), 6))\nimport time\ntime.sleep(0.3)"
+            "losses.append(round(loss.item(), 6))"
         ]
         * 8,
+        _gate_cell(work / "gate"),
         "print(losses, torch.cuda.get_rng_state().sum().item())",
     )
+    (work / "gate").touch()
     assert cli("run", "cuda.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work).returncode == 0
+    (work / "gate").unlink()
     proc = start_cli(
         "run", "cuda.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
     )
     wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 5, timeout=300)
     kill(proc)
+    (work / "gate").touch()
     r = cli("resume", "rd", cwd=work, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (

@@ -217,14 +217,25 @@ def test_ctrl_c_during_a_long_cell_saves_and_exits_75(tmp_path: Path) -> None:
 
 @pytest.fixture
 def slow_kernel(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """An IPython profile that pauses 0.3 s after each cell, so a kill after cell k's
-    commit lands while cell k+1 runs, without changing the notebook."""
+    """An IPython profile that holds the kernel after the notebook's cell SB_HOLD_AT (0-based)
+    has run, before its reply: the records of the cells before it commit, and a kill
+    once they have lands while that cell is unfinished, on any machine, without changing
+    the notebook. It lets go when its runner is gone."""
     ipdir = tmp_path_factory.mktemp("ipython")
     startup = ipdir / "profile_default" / "startup"
     startup.mkdir(parents=True)
-    (startup / "00-slow.py").write_text(
-        "import time\n"
-        "get_ipython().events.register('post_run_cell', lambda result: time.sleep(0.3))\n"
+    (startup / "00-hold.py").write_text(
+        "import os, time\n"
+        "_seen = [0]\n"
+        "_parent = os.getppid()\n"
+        "def _hold(result):\n"
+        "    if result.info is None or result.info.silent or not result.info.store_history:\n"
+        "        return\n"
+        "    _seen[0] += 1\n"
+        "    if _seen[0] == int(os.environ.get('SB_HOLD_AT', '-1')) + 1:\n"
+        "        while os.getppid() == _parent:\n"
+        "            time.sleep(0.01)  # a poll: the runner's death is the event\n"
+        "get_ipython().events.register('post_run_cell', _hold)\n"
     )
     return {"IPYTHONDIR": str(ipdir)}
 
@@ -253,7 +264,7 @@ def test_killed_at_a_random_cell_and_resumed_finishes_identically(
         "every-cell",
         *args,
         cwd=tmp_path,
-        env=slow_kernel,
+        env={**slow_kernel, "SB_HOLD_AT": str(k)},
     )
     wait_for(
         lambda: (rd / "attempts" / "0001.json").exists() and cells_committed(rd) >= k,
