@@ -290,6 +290,23 @@ def test_prepare_only_writes_the_parameterised_notebook(work: Path) -> None:
     assert all(not c.get("outputs") for c in nb["cells"])
 
 
+def test_an_unknown_parameter_is_warned_of_as_papermill_does(work: Path) -> None:
+    """A misspelt ``-p`` name is injected all the same (papermill's behaviour), with
+    papermill's warning and the closest name the parameters cell assigns."""
+    r = cli(
+        "run", "params.ipynb", "prep.ipynb", "-p", "alpah", "9", "-p", "name", "x",
+        "--prepare-only", cwd=work,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "Passed unknown parameter: alpah (did you mean 'alpha'?)" in r.stderr
+    assert "name" not in r.stderr.split("unknown parameter", 1)[1].split("\n", 1)[1]
+    assert "alpah = 9" in _injected(load(work / "prep.ipynb"))
+    r = cli("run", "no_kernelspec.ipynb", "o.ipynb", "-p", "alpha", "1", cwd=work)
+    assert r.returncode == 0 and "has no cell tagged 'parameters'" in r.stderr, r.stderr
+    r = cli("run", "params.ipynb", "o2.ipynb", "-p", "alpha", "1", cwd=work)
+    assert r.returncode == 0 and "unknown parameter" not in r.stderr, r.stderr
+
+
 def test_notebook_without_kernelspec_uses_python3(work: Path) -> None:
     r = cli("run", "no_kernelspec.ipynb", "o.ipynb", cwd=work)
     assert r.returncode == 0, r.stderr

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import datetime
+import difflib
 import json
 import logging
 import os
@@ -124,6 +125,32 @@ def notebook_parameters(
     return inspect_source(str(cell.source)) if cell.cell_type == "code" else []
 
 
+def _warn_unknown_parameters(
+    nb: Any, params: Mapping[str, Any], language: str, where: Any
+) -> None:
+    """papermill's warnings: a parameter the ``parameters`` cell does not assign (with
+    the closest name it does, as a typo usually is), and parameters passed to a notebook
+    that has no such cell. They are injected all the same, as papermill injects them."""
+    if not params:
+        return
+    cell = next((c for c in nb.cells if nbs.PARAMETERS_TAG in c.metadata.get("tags", [])), None)
+    if cell is None:
+        log.warning(
+            "%s has no cell tagged %r: the parameters are injected at the top",
+            where,
+            nbs.PARAMETERS_TAG,
+        )
+        return
+    if language != "python" or cell.cell_type != "code":
+        return
+    known = [p.name for p in inspect_source(str(cell.source))]
+    for name in params:
+        if name not in known and not name.startswith("PAPERMILL_"):  # --inject-paths
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            log.warning("Passed unknown parameter: %s%s", name, hint)
+
+
 def inspect_notebook(
     notebook_path: Any, parameters: Mapping[str, Any] | None = None
 ) -> dict[str, dict[str, str]]:
@@ -171,6 +198,7 @@ def prepare_run(
     assert source is not None
     nb = nbs.parse(data, repr(where))
     language = language or nbs.kernel_language(nb)
+    _warn_unknown_parameters(nb, params, language, where)
     nb = nbs.inject_parameters(nb, params, kernel_name, language)
     if language != "python" and not prepare_only:
         raise UsageError(
