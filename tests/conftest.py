@@ -34,6 +34,7 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float
         [sys.executable, "-m", "spotbook", *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,  # a pipe on stdin would be the notebook (papermill's rule)
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -45,6 +46,7 @@ def start_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
         [sys.executable, "-m", "spotbook", *args],
         cwd=cwd,
         env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

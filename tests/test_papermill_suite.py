@@ -35,11 +35,6 @@ EXPECTED_FAILURES = {
         # patches execute_notebook to raise nbclient's DeadKernelError; spotbook's library
         # raises its own KernelDiedError, which the CLI maps to 138 (test_run_cli.py)
         "TestCLI.test_parameters_dead_kernel": "assert 1 == 138",
-        # papermill guesses stdin/stdout from pipes; spotbook takes - only when given, so
-        # a pipe on stdin (CI, ssh) never becomes the input of `spotbook run nb.ipynb`
-        "test_pipe_in_out_auto": "NotJSONError",
-        "test_pipe_out_auto": "NotJSONError",
-        "test_pipe_in_auto": "FileNotFoundError",
     },
     "test_inspect.py": {
         # spotbook also lists `d = a == 3`, which papermill's line parser skips

@@ -407,3 +407,41 @@ def test_dash_reads_stdin_and_writes_stdout(work: Path) -> None:
     failed = pipe("error.ipynb")
     assert failed.returncode == 1
     assert json.loads(failed.stdout)["metadata"]["papermill"]["exception"] is True
+
+
+def test_left_out_paths_follow_papermills_pipes(work: Path) -> None:
+    """papermill's rules for left-out paths: a pipe on stdin is INPUT (one path given is
+    OUTPUT), OUTPUT left out with stdout not a terminal is stdout; with --run-dir the
+    result stays in the store; an empty pipe says which path was taken as OUTPUT."""
+    import subprocess
+    import sys
+
+    def run(*args: str, stdin: bytes | None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "spotbook", "run", *args],
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            cwd=work,
+            timeout=180,
+            check=False,
+        )
+
+    text = (work / "params.ipynb").read_bytes()
+    both = run("-p", "alpha", "7", stdin=text)  # `spotbook run < in.ipynb | less`
+    assert both.returncode == 0, both.stderr.decode()
+    assert "7 default" in json.dumps([c.get("outputs") for c in json.loads(both.stdout)["cells"]])
+    into = run("piped.ipynb", stdin=text)  # `spotbook run out.ipynb < in.ipynb`
+    assert into.returncode == 0 and not into.stdout, into.stderr.decode()
+    assert "0.5 default" in json.dumps(
+        [c.get("outputs") for c in load(work / "piped.ipynb")["cells"]]
+    )
+    out = run("params.ipynb", stdin=None)  # `spotbook run in.ipynb | jq`
+    assert out.returncode == 0 and json.loads(out.stdout)["cells"], out.stderr.decode()
+    kept = run("params.ipynb", "--run-dir", "rd", stdin=None)
+    assert kept.returncode == 0 and not kept.stdout, kept.stderr.decode()
+    empty = run("params.ipynb", stdin=b"")
+    assert empty.returncode == 2 and "taken as OUTPUT" in empty.stderr.decode()
+    assert (work / "params.ipynb").read_bytes() == text
+    none = run(stdin=None)
+    assert none.returncode == 2 and "INPUT is missing" in none.stderr.decode()

@@ -125,9 +125,7 @@ def notebook_parameters(
     return inspect_source(str(cell.source)) if cell.cell_type == "code" else []
 
 
-def _warn_unknown_parameters(
-    nb: Any, params: Mapping[str, Any], language: str, where: Any
-) -> None:
+def _warn_unknown_parameters(nb: Any, params: Mapping[str, Any], language: str, where: Any) -> None:
     """papermill's warnings: a parameter the ``parameters`` cell does not assign (with
     the closest name it does, as a typo usually is), and parameters passed to a notebook
     that has no such cell. They are injected all the same, as papermill injects them."""

@@ -18,14 +18,31 @@ from .._models import (
 log = logging.getLogger("spotbook")
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    """papermill's flags, same names and meaning, plus spotbook's own."""
-    _add_parameter_flags(p, "where to write the result; - for stdout")
+def _add_run_flags(p: argparse.ArgumentParser, pipes: bool = False) -> None:
+    """papermill's flags, same names and meaning, plus spotbook's own. ``pipes``: INPUT
+    may be left out when a pipe is on stdin, as papermill allows (``run``)."""
+    _add_parameter_flags(
+        p,
+        "where to write the result; - for stdout (left out with stdout a pipe or file and "
+        "no --run-dir: stdout, as papermill does)"
+        if pipes
+        else "where to write the result; - for stdout",
+        pipes,
+    )
     _add_execution_flags(p)
 
 
-def _add_parameter_flags(p: argparse.ArgumentParser, output_help: str) -> None:
-    p.add_argument("input", metavar="INPUT", help="notebook path or fsspec URL; - for stdin")
+def _add_parameter_flags(p: argparse.ArgumentParser, output_help: str, pipes: bool = False) -> None:
+    if pipes:
+        p.add_argument(
+            "input",
+            metavar="INPUT",
+            nargs="?",
+            help="notebook path or fsspec URL; - for stdin (left out with a pipe on stdin: "
+            "stdin, and a single path given is OUTPUT, as papermill does)",
+        )
+    else:
+        p.add_argument("input", metavar="INPUT", help="notebook path or fsspec URL; - for stdin")
     p.add_argument("output", metavar="OUTPUT", nargs="?", help=output_help)
     g = p.add_argument_group("parameters (as papermill)")
     g.add_argument(
@@ -558,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"spotbook {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run a notebook (papermill's flags), saving progress")
-    _add_run_flags(run)
+    _add_run_flags(run, pipes=True)
     ins = sub.add_parser(
         "inspect",
         help="the notebook's parameters: names, types, defaults, help (papermill's "

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import stat
 import sys
 from typing import Any
 
@@ -144,6 +145,12 @@ def _stdin_notebook(args: argparse.Namespace) -> Any:
     try:
         doc = json.loads(data)
     except ValueError as exc:
+        if getattr(args, "output_from_pipe", False):
+            raise UsageError(
+                f"stdin is a pipe, so the notebook was read from it and {args.output!r} "
+                f"taken as OUTPUT (as papermill does), but stdin is not a notebook ({exc}); "
+                "give INPUT and OUTPUT both, or run with stdin from /dev/null"
+            ) from exc
         raise UsageError(f"stdin (INPUT -) is not a notebook: {exc}") from exc
     if not isinstance(doc, dict):
         raise UsageError("stdin (INPUT -) is not a notebook: not a JSON object")
@@ -199,7 +206,34 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stdin_is_a_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(0).st_mode)
+    except OSError:  # no stdin at all
+        return False
+
+
+def _papermill_pipes(args: argparse.Namespace) -> None:
+    """papermill's reading of left-out paths: with a pipe on stdin, INPUT is stdin (and a
+    single path given is OUTPUT); with stdout not a terminal, a left-out OUTPUT is stdout.
+    A run given --run-dir keeps its result in its store instead (spotbook's own use)."""
+    if _stdin_is_a_pipe() and args.output is None:
+        if args.input is not None and args.input != "-":
+            args.input, args.output = "-", args.input
+            args.output_from_pipe = True
+        else:
+            args.input = "-"
+    if args.input is None:
+        raise UsageError(
+            "INPUT is missing: give the notebook's path or URL, or pipe it in "
+            "(spotbook run - OUTPUT < notebook.ipynb)"
+        )
+    if args.output is None and args.run_dir is None and not sys.stdout.isatty():
+        args.output = "-"
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    _papermill_pipes(args)
     if args.help_notebook:
         _check_engine(args)
         _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
