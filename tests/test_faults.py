@@ -431,3 +431,27 @@ def test_a_read_only_run_dir_is_bad_input(tmp_path: Path, small_fs: Path) -> Non
     again = ("run", "nb.ipynb", "out2.ipynb", "--run-dir", str(small_fs / "old"), "--restart")
     r = cli(*again, cwd=tmp_path)
     assert r.returncode == 2 and "writable filesystem" in r.stderr, r.stderr
+
+
+@on("local")
+def test_ctrl_c_is_the_users_stop_not_a_preemption(work: Path, place: Place) -> None:
+    """SIGINT (Ctrl-C) saves progress and exits 75 like a notice, but it is recorded as
+    the user's stop: no preemption counted (so not against --max-preemptions 0), no
+    time waiting for a node; SIGTERM (a node's notice) still is a preemption."""
+    proc = _gated_run(work, place, "--grace", "0.5", "--max-preemptions", "0")
+    code, err = kill(proc, signal.SIGINT)
+    assert code == 75, err
+    doc = json.loads(cli("status", place.rd, "--json", cwd=work).stdout)
+    assert doc["attempts"][0]["outcome"] == "stopped" and doc["preemptions"] == 0, doc
+    assert doc["downtime"]["totals"]["preemptions"] == 0 and doc["status"] == "interrupted"
+    assert "stopped by you" in doc["message"]
+    (work / "started").unlink()
+    proc = start_cli("resume", place.rd, cwd=work, env=place.env)
+    wait_for(lambda: (work / "started").exists(), timeout=120, what="cell 1 again")
+    code, err = kill(proc, signal.SIGTERM)
+    assert code == 75, err
+    doc = json.loads(cli("status", place.rd, "--json", cwd=work).stdout)
+    assert [a["outcome"] for a in doc["attempts"]] == ["stopped", "preempted"]
+    assert doc["preemptions"] == 1 and len(doc["downtime"]["preemptions"]) == 0  # no next yet
+    r = cli("resume", place.rd, cwd=work, env=place.env)
+    assert r.returncode != 0 and "--max-preemptions" in r.stderr, r.stderr

@@ -212,7 +212,7 @@ def test_ctrl_c_during_a_long_cell_saves_and_exits_75(tmp_path: Path) -> None:
     assert code == 75, err
     assert "spotbook resume" in err
     doc = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)
-    assert doc["status"] == "interrupted" and doc["attempts"][0]["outcome"] == "preempted"
+    assert doc["status"] == "interrupted" and doc["attempts"][0]["outcome"] == "stopped"
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ class Outcome(enum.StrEnum):
     FAILED = "failed"
     TIMED_OUT = "timed-out"
     PREEMPTED = "preempted"
+    STOPPED = "stopped"  # the user's stop (Ctrl-C, SIGINT): resumable, not a preemption
     KILLED = "killed"
     SUPERSEDED = "superseded"
     STORAGE_ERROR = "storage-error"

@@ -345,8 +345,11 @@ class Runner:
                     "nothing more"
                 ) from None
             await self._final_files_sync()
+            # Ctrl-C (SIGINT) is the user's stop; SIGTERM is the node's notice (kubelet,
+            # a spot reclaim, a drain) and counts as a preemption
+            by_user = notice.signame == "SIGINT"
             journal.end(
-                Outcome.PREEMPTED,
+                Outcome.STOPPED if by_user else Outcome.PREEMPTED,
                 stopped_at=journal.next_unfinished(),
                 notice={
                     "signal": notice.signame,
@@ -355,7 +358,10 @@ class Runner:
                 },
             )
             journal.refresh(self.session, force=True, to_output=True)
-            journal.set_status(RunStatus.INTERRUPTED, f"stopped on {notice.signame}")
+            journal.set_status(
+                RunStatus.INTERRUPTED,
+                "stopped by you (Ctrl-C)" if by_user else f"stopped on {notice.signame}",
+            )
             raise
         except SupersededError:
             journal.end(Outcome.SUPERSEDED)

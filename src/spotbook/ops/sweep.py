@@ -353,9 +353,11 @@ class _Pool:
         if not self.stopping:
             self.say(f"{name}: stopping every point (each saves its progress)")
         self.stopping = name
+        # the same stop to every point: Ctrl-C stays the user's stop, not a preemption
+        forward = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
         for proc in list(self.running.values()):
             with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(forward)
 
     def run(self, todo: list[int]) -> None:
         queue = list(todo)
