@@ -233,10 +233,11 @@ def test_a_superseded_attempt_writes_nothing_on_its_way_out(tmp_path: Path, grac
     store = RunStore(str(tmp_path / "rd"))
     assert store.claim_attempt({"outcome": "running", "resumed_from": 1}) == 2  # the newer one
     before = {n: store.read(n) for n in ("run.json", "output.ipynb")}
+    output = (tmp_path / "out.ipynb").read_bytes()  # as it was written while cells ran
     code, err = kill(proc, signal.SIGTERM)
     assert code == 3 and "newer attempt" in err, err
     assert {n: store.read(n) for n in before} == before
-    assert not (tmp_path / "out.ipynb").exists()
+    assert (tmp_path / "out.ipynb").read_bytes() == output
 
 
 def test_widget_state_reaches_the_output_notebook(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cells_committed, cli, load, write_notebook
+from .conftest import cells_committed, cli, kill, load, start_cli, wait_for, write_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -445,3 +445,31 @@ def test_left_out_paths_follow_papermills_pipes(work: Path) -> None:
     assert (work / "params.ipynb").read_bytes() == text
     none = run(stdin=None)
     assert none.returncode == 2 and "INPUT is missing" in none.stderr.decode()
+
+
+def test_output_grows_as_the_run_goes_and_survives_a_kill(work: Path) -> None:
+    """OUTPUT is rewritten as cells commit, as papermill keeps it: a user opens it during
+    a long cell and finds the cells before it; after kill -9 it is still a whole notebook
+    with those cells; the resume finishes it."""
+    write_notebook(
+        work / "live.ipynb",
+        "print('first')",
+        "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.01)\nprint('second')",
+    )
+    out = work / "live-out.ipynb"
+
+    def shows_first() -> bool:
+        try:
+            doc = load(out)
+        except (OSError, ValueError):  # not there yet (it is replaced whole, never partial)
+            return False
+        return "first" in json.dumps(doc["cells"][0].get("outputs"))
+
+    proc = start_cli("run", "live.ipynb", str(out), "--run-dir", "rd", cwd=work)
+    wait_for(shows_first, what="cell 0 in OUTPUT while cell 1 runs")
+    assert proc.poll() is None
+    kill(proc)
+    assert shows_first() and not load(out)["cells"][1].get("outputs")
+    (work / "go").touch()
+    assert cli("resume", "rd", cwd=work).returncode == 0
+    assert "second" in json.dumps(load(out)["cells"][1]["outputs"])

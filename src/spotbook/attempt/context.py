@@ -26,7 +26,10 @@ T = TypeVar("T")
 class RunnerOptions:
     """How the runner behaves, apart from what the run spec fixes."""
 
-    output_refresh: float = 5.0
+    # output.ipynb and OUTPUT are rewritten after a committed cell at most this often (and
+    # never more often than 20 times a write's cost); one skipped is written this long
+    # after the last, while the next cell runs
+    output_refresh: float = 1.0
     on_output: Callable[[str, dict[str, Any]], None] | None = None
     progress: Progress | None = None  # the CLI's and the API's tqdm bar
     handle_signals: bool = True

@@ -8,6 +8,7 @@ output notebook refreshed on a throttle.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -16,7 +17,7 @@ import time
 from typing import Any, Unpack
 
 from .. import __version__
-from .._errors import PreemptionBudgetError, SupersededError
+from .._errors import PreemptionBudgetError, StorageError, SupersededError
 from .._models import (
     INTERRUPTED_OUTCOMES,
     AttemptRecord,
@@ -71,6 +72,8 @@ class Journal:
         self._output_refresh = output_refresh
         self._last_refresh = 0.0
         self._refresh_cost = 0.0
+        self._deferred: asyncio.TimerHandle | None = None
+        self._output_failed = False
         self._writer = nbs.CompactWriter()
         # cell -> the whole text of outputs cut to --max-output-bytes (its hash is sealed
         # in the cell's record)
@@ -125,6 +128,9 @@ class Journal:
         self.store.update_attempt(self.attempt, self.attempt_rec)
 
     def end(self, outcome: Outcome, /, **extra: Unpack[AttemptRecord]) -> None:
+        if self._deferred is not None:  # the attempt's own last write follows, or none
+            self._deferred.cancel()
+            self._deferred = None
         self.attempt_rec.update(extra)
         self.attempt_rec["outcome"] = outcome.value
         self.attempt_rec["ended"] = time.time()
@@ -311,13 +317,23 @@ class Journal:
         running: int | None = None,
         to_output: bool | None = None,
     ) -> int:
-        """Write output.ipynb if due (and OUTPUT when the attempt ends); returns its size.
-        Due means ``output_refresh`` seconds since the last, and never more often than 20
-        times what the last write cost."""
+        """Write output.ipynb and OUTPUT if due (OUTPUT pretty when the attempt ends,
+        compact while it runs, as papermill keeps it current); returns the size. Due means
+        ``output_refresh`` seconds since the last, and never more often than 20 times what
+        the last write cost; a refresh that is not due is made once it is, from the event
+        loop while the next cell runs, so OUTPUT never lags a long cell behind."""
         now = time.monotonic()
-        due = now - self._last_refresh >= max(self._output_refresh, 20 * self._refresh_cost)
-        if not (force or due):
+        wait = max(self._output_refresh, 20 * self._refresh_cost) - (now - self._last_refresh)
+        if not force and wait > 0:
+            if self._deferred is None and not final:
+                with contextlib.suppress(RuntimeError):  # no event loop: nothing runs on
+                    self._deferred = asyncio.get_running_loop().call_later(
+                        wait, self._refresh_later, session, running
+                    )
             return 0
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         widgets = session.widget_state() if session is not None else None
         to_output = final if to_output is None else to_output
         meta = self.run_meta(final)
@@ -333,13 +349,38 @@ class Journal:
                 self.nb, self.records, run_meta=meta, running=running, widgets=widgets
             ).encode()
         self.store.write("output.ipynb", data)
-        if to_output and self.spec.output:
-            from ..store.runstore import write_url
-
-            write_url(self.spec.output, data)
+        if self.spec.output:
+            self._write_output(data, final=bool(to_output))
         self._last_refresh = time.monotonic()
         self._refresh_cost = self._last_refresh - now
         return len(data)
+
+    def _refresh_later(self, session: KernelSession | None, running: int | None) -> None:
+        self._deferred = None
+        try:
+            # not fenced by a commit as the others are: a newer attempt may own the run
+            if not self.store.superseded(self.attempt):
+                self.refresh(session, running=running)
+        except Exception as exc:  # the next commit's own write says what is wrong
+            log.warning("could not refresh the output while a cell runs: %s", exc)
+
+    def _write_output(self, data: bytes, final: bool) -> None:
+        """OUTPUT: the attempt's last write must land (its error ends the run, the store
+        keeps the notebook); one while cells run may fail, said once, and is retried."""
+        from ..store.runstore import write_url
+
+        assert self.spec.output is not None
+        if final:
+            write_url(self.spec.output, data)
+            return
+        try:
+            write_url(self.spec.output, data)
+        except StorageError as exc:
+            if not self._output_failed:
+                log.warning("%s; the run goes on, and tries again after the next cell", exc)
+            self._output_failed = True
+        else:
+            self._output_failed = False
 
     def finish_already_done(self) -> None:
         """Every cell has a record: write the output again and say the run succeeded."""
