@@ -161,6 +161,47 @@ def test_failing_cell_is_marked_and_exits_1(work: Path) -> None:
     assert doc["failing_cell"]["index"] == 1 and doc["failing_cell"]["ename"] == "ValueError"
 
 
+def test_allow_errors_goes_on_past_a_failing_cell(work: Path) -> None:
+    """nbconvert's --allow-errors (nbclient's allow_errors through the library): the
+    error stays in the notebook, the cells after it run, the run succeeds, and a resume
+    that replays the failing cell accepts its error again."""
+    r = cli("run", "error.ipynb", "out.ipynb", "--run-dir", "rd", "--allow-errors", cwd=work)
+    assert r.returncode == 0, r.stderr
+    out = load(work / "out.ipynb")
+    code = [c for c in out["cells"] if c["cell_type"] == "code"]
+    assert [o["output_type"] for o in code[1]["outputs"]][-1] == "error"
+    assert "never" in json.dumps(code[2]["outputs"])
+    assert json.loads(cli("status", "rd", "--json", cwd=work).stdout)["status"] == "succeeded"
+    import spotbook
+
+    nb = spotbook.execute_notebook(
+        str(work / "error.ipynb"), str(work / "lib.ipynb"), allow_errors=True,
+        run_dir=str(work / "lib"), progress_bar=False,
+    )  # fmt: skip
+    assert "never" in json.dumps(nb.cells[-1].outputs)
+    r = cli("run", "error.ipynb", "o2.ipynb", "--run-dir", "rd2", cwd=work)
+    assert r.returncode == 1  # without it, as before
+    write_notebook(
+        work / "again.ipynb",
+        "x = 1",
+        "raise ValueError('expected')",
+        "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.01)",
+        "print(x + 1)",
+    )
+    proc = start_cli(
+        "run", "again.ipynb", "again-out.ipynb", "--run-dir", "rd3", "--allow-errors",
+        "--snapshot", "off", cwd=work,
+    )  # fmt: skip
+    wait_for(lambda: cells_committed(work / "rd3") >= 2, what="the failing cell's record")
+    kill(proc)
+    (work / "go").touch()
+    r = cli("resume", "rd3", cwd=work)  # replays cells 0 and 1: the error is allowed again
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(cli("status", "rd3", "--json", cwd=work).stdout)
+    assert doc["attempts"][-1]["replayed"] == [0, 1] and doc["status"] == "succeeded"
+    assert "2" in json.dumps(load(work / "again-out.ipynb")["cells"][3]["outputs"])
+
+
 def test_cell_timeout_exits_4_and_keeps_finished_cells(work: Path) -> None:
     r = cli(
         "run",

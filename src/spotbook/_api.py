@@ -171,6 +171,7 @@ def prepare_run(
     run_dir: str | None = None,
     restart: bool = False,
     strict_resume: bool = False,
+    allow_errors: bool = False,
     key: Key | None = None,
     here: bool = True,
     runs_dir: str | None = None,
@@ -233,6 +234,7 @@ def prepare_run(
         snapshot=snapshot or SnapshotPolicy(),
         hash_seed=os.environ.get("PYTHONHASHSEED") or str(secrets.randbelow(2**32)),
         strict_resume=strict_resume,
+        allow_errors=allow_errors,
     )
     existing = store.read_json("run.json")
     if existing is not None and not restart:
@@ -342,6 +344,8 @@ def execute_notebook(
     notebook with the failure marked (also a papermill ``PapermillExecutionError`` where
     papermill is loaded).
     """
+    # nbclient's allow_errors, which papermill passes to its engine
+    allow_errors = bool(papermill_kwargs.pop("allow_errors", False))
     unknown = set(papermill_kwargs) - _PAPERMILL_NO_OPS
     if unknown:
         raise TypeError(f"execute_notebook() got unexpected arguments: {sorted(unknown)}")
@@ -370,6 +374,7 @@ def execute_notebook(
         run_dir=run_dir,
         restart=restart,
         strict_resume=strict_resume,
+        allow_errors=allow_errors,
         runs_dir=None if run_dir else library_runs_dir(),
         language=language,
         prepare_only=prepare_only,

@@ -363,10 +363,15 @@ class RunSpec:
     hash_seed: str | None = None
     # refuse to resume (exit 6) when the resumed run could differ
     strict_resume: bool = False
+    # nbconvert's --allow-errors (nbclient's allow_errors): a failing cell's error stays
+    # in the notebook and the run goes on; it succeeds
+    allow_errors: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["snapshot"]["mode"] = self.snapshot.mode.value
+        if not self.allow_errors:  # as runs without it were sealed before it existed
+            del data["allow_errors"]
         return data
 
     @classmethod
@@ -388,6 +393,7 @@ class RunSpec:
             created=data.get("created", 0.0),
             hash_seed=data.get("hash_seed"),
             strict_resume=bool(data.get("strict_resume", False)),
+            allow_errors=data.get("allow_errors") is True,
         )
 
 

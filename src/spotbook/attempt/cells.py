@@ -110,7 +110,7 @@ class CellLoop:
                 raise Terminated(notice.signame, run.resume_hint())
             duration = time.monotonic() - m0
             status = CellStatus.COMPLETED
-            if result.error and not result.allowed_error:
+            if result.error and not (result.allowed_error or run.spec.allow_errors):
                 exiting = result.error["ename"] == "SystemExit"
                 ok = exiting and result.error["evalue"] in _EXIT_OK
                 status = CellStatus.EXITED if ok else CellStatus.FAILED

@@ -294,7 +294,7 @@ class Restorer:
             result = await self.run.race(session.replay_cell(index, count), grace=0.0, index=index)
         except KernelDied:
             raise _ReplayFailed(f"the kernel died while replaying cell {index}") from None
-        if result.error and not result.allowed_error:
+        if result.error and not (result.allowed_error or self.run.spec.allow_errors):
             raise _ReplayFailed(
                 f"replaying cell {index} raised {result.error['ename']}: {result.error['evalue']}"
             )

@@ -144,6 +144,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         snapshot=snapshot_policy(args),
         restart=args.restart,
         strict_resume=args.strict_resume,
+        allow_errors=args.allow_errors,
         context=args.context,
         namespace=args.namespace,
         fallback=fallback_policy(args),

@@ -32,6 +32,15 @@ def _add_run_flags(p: argparse.ArgumentParser, pipes: bool = False) -> None:
     _add_execution_flags(p)
 
 
+def _add_allow_errors(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-errors",
+        action="store_true",
+        help="as nbconvert's: a failing cell's error stays in the notebook and the run goes "
+        "on to the end (exit 0); a cell tagged raises-exception is always allowed to fail",
+    )
+
+
 def _add_parameter_flags(p: argparse.ArgumentParser, output_help: str, pipes: bool = False) -> None:
     if pipes:
         p.add_argument(
@@ -576,6 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run a notebook (papermill's flags), saving progress")
     _add_run_flags(run, pipes=True)
+    _add_allow_errors(run)
     ins = sub.add_parser(
         "inspect",
         help="the notebook's parameters: names, types, defaults, help (papermill's "
@@ -610,6 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that runs it with `spotbook worker`; preemptions resume after the last saved cell.",
     )
     _add_run_flags(sb)
+    _add_allow_errors(sb)
     _add_submit_flags(sb)
     st = sub.choices["status"]
     _add_cluster_flags(st)

@@ -174,6 +174,7 @@ def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> Ru
         run_dir=args.run_dir,
         restart=args.restart,
         strict_resume=args.strict_resume,
+        allow_errors=bool(getattr(args, "allow_errors", False)),
         key=key,
         here=here,
     )

@@ -128,6 +128,7 @@ def submit_notebook(
     snapshot: SnapshotPolicy | None = None,
     restart: bool = False,
     strict_resume: bool = False,
+    allow_errors: bool = False,
     context: str | None = None,
     namespace: str | None = None,
     fallback: FallbackPolicy | None = None,
@@ -155,6 +156,7 @@ def submit_notebook(
             run_dir=job.run_dir,
             restart=restart,
             strict_resume=strict_resume,
+            allow_errors=allow_errors,
             key=key,
             here=False,
         )
