@@ -66,6 +66,13 @@ def test_parameters_flags_and_store(work: Path) -> None:
     assert "2 from-yaml True [1, 2] 7" in texts
     assert "sub\n" in texts  # --cwd
     assert "2 from-yaml True [1, 2] 7" in r.stderr  # --log-output
+    # with papermill's separators, each cell numbered as papermill numbers it (the
+    # markdown cell 1, the parameters 2, the injected ones 3, the print 4)
+    lines = r.stderr.splitlines()
+    at = lines.index("2 from-yaml True [1, 2] 7")
+    assert lines[at - 1] == "Executing Cell 4" + "-" * 39
+    assert lines[at + 1] == "Ending Cell 4" + "-" * 42
+    assert "Executing Cell 1-" not in r.stderr  # a markdown cell is not executed
     assert out["metadata"]["papermill"]["parameters"]["alpha"] == 2
     # the run store: where it was said to be, with every part of the layout
     line = next(ln for ln in r.stderr.splitlines() if ", store " in ln)

@@ -27,6 +27,7 @@ from ._errors import (
     papermill_compatible,
 )
 from ._models import AttemptRecord, Limits, Outcome, RunSpec, RunStatus, SnapshotPolicy
+from .attempt.cells import CELL_END, CELL_START
 from .attempt.context import RunnerOptions
 from .attempt.executor import check_kernel
 from .attempt.progress import ProgressBar
@@ -418,7 +419,21 @@ def outputs_to(
     return on_output
 
 
+def cell_separator(kind: str, content: dict[str, Any]) -> str | None:
+    """papermill's --log-output line where a cell begins or ends (its number counts
+    every cell from 1, as papermill's does); None for the kernel's outputs."""
+    if kind == CELL_START:
+        return f"Executing Cell {content['index'] + 1:-<40}"
+    if kind == CELL_END:
+        return f"Ending Cell {content['index'] + 1:-<43}"
+    return None
+
+
 def _log_output(kind: str, content: dict[str, Any]) -> None:
+    separator = cell_separator(kind, content)
+    if separator is not None:
+        logging.getLogger("spotbook.output").info(separator)
+        return
     text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
     if text:
         logging.getLogger("spotbook.output").info(str(text).rstrip("\n"))

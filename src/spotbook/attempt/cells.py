@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from .snapshots import Snapshots
 
 log = logging.getLogger(__name__)
+
+# what on_output hears besides the kernel's outputs: a cell begins, a cell has replied
+# (content {"index": i}, the index in the notebook's cells as papermill counts them)
+CELL_START = "spotbook.cell_start"
+CELL_END = "spotbook.cell_end"
 _EXIT_OK = {"", "0", "None"}  # SystemExit values that end a run successfully
 
 
@@ -73,6 +78,8 @@ class CellLoop:
                 raise Terminated(notice.signame, run.resume_hint())
             if bar is not None:
                 bar.cell(index, str(cell.source))
+            if run.opts.on_output is not None:  # papermill's --log-output separators
+                run.opts.on_output(CELL_START, {"index": index})
             t0 = time.time()
             m0 = time.monotonic()
             try:
@@ -109,6 +116,8 @@ class CellLoop:
                 log.info("cell %d stopped on the notice; it continues on resume", index)
                 raise Terminated(notice.signame, run.resume_hint())
             duration = time.monotonic() - m0
+            if run.opts.on_output is not None:
+                run.opts.on_output(CELL_END, {"index": index})
             status = CellStatus.COMPLETED
             if result.error and not (result.allowed_error or run.spec.allow_errors):
                 exiting = result.error["ename"] == "SystemExit"

@@ -10,7 +10,13 @@ import stat
 import sys
 from typing import Any
 
-from .._api import inspect_notebook, notebook_parameters, outputs_to, prepare_run
+from .._api import (
+    cell_separator,
+    inspect_notebook,
+    notebook_parameters,
+    outputs_to,
+    prepare_run,
+)
 from .._errors import (
     UsageError,
 )
@@ -30,6 +36,10 @@ log = logging.getLogger("spotbook")
 
 
 def _echo_output(kind: str, content: dict[str, Any]) -> None:
+    separator = cell_separator(kind, content)
+    if separator is not None:
+        print(separator, file=sys.stderr, flush=True)
+        return
     text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
     if kind == "error":
         text = f"{content.get('ename')}: {content.get('evalue')}\n"
