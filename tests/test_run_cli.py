@@ -521,3 +521,45 @@ def test_output_grows_as_the_run_goes_and_survives_a_kill(work: Path) -> None:
     (work / "go").touch()
     assert cli("resume", "rd", cwd=work).returncode == 0
     assert "second" in json.dumps(load(out)["cells"][1]["outputs"])
+
+
+def test_the_same_command_again_continues_an_interrupted_run(work: Path) -> None:
+    """papermill users rerun the command after a crash: without --run-dir, the same
+    notebook, parameters, OUTPUT and kernel continue the run the kill interrupted (said on
+    the first line); after it succeeded the command is a new run, as papermill's is;
+    other parameters or --restart are new runs too."""
+    write_notebook(
+        work / "again.ipynb",
+        "x = 1",
+        "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.01)",
+        "print(x + 1)",
+    )
+    runs_dir = work / ".spotbook" / "runs"
+
+    def runs() -> list[Path]:
+        return [p for p in runs_dir.iterdir() if p.is_dir()] if runs_dir.is_dir() else []
+
+    proc = start_cli("run", "again.ipynb", "again-out.ipynb", "--snapshot", "every-cell", cwd=work)
+    wait_for(lambda: any(cells_committed(p) >= 1 for p in runs()))
+    kill(proc)
+    (first,) = runs()
+    (work / "go").touch()
+    r = cli("run", "again.ipynb", "again-out.ipynb", "--snapshot", "every-cell", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(f"spotbook: continuing run {first.name}, interrupted with 1 of 3")
+    doc = json.loads(cli("status", str(first), "--json", cwd=work).stdout)
+    assert [a["outcome"] for a in doc["attempts"]] == ["killed", "completed"]
+    assert doc["attempts"][1]["resumed_from"] == 1
+    assert sorted(p.name for p in runs()) == [first.name]
+    r = cli("run", "again.ipynb", "again-out.ipynb", cwd=work)  # succeeded: a new run
+    assert r.returncode == 0 and "continuing" not in r.stderr, r.stderr
+    assert len(runs()) == 2
+    (work / "go").unlink()
+    proc = start_cli("run", "again.ipynb", "again-out.ipynb", cwd=work)
+    wait_for(lambda: sum(cells_committed(p) for p in runs()) >= 3 * 2 + 1)
+    kill(proc)
+    (work / "go").touch()
+    for args in (["-p", "x", "2"], ["--restart"]):
+        r = cli("run", "again.ipynb", "again-out.ipynb", *args, cwd=work)
+        assert r.returncode == 0 and "continuing" not in r.stderr, (args, r.stderr)
+    assert len(runs()) == 5

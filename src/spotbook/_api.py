@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import difflib
+import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,6 +26,7 @@ from ._errors import (
     CellExecutionError,
     InputChangedError,
     ParameterError,
+    SpotbookError,
     UsageError,
     papermill_compatible,
 )
@@ -150,6 +154,48 @@ def _warn_unknown_parameters(nb: Any, params: Mapping[str, Any], language: str, 
             log.warning("Passed unknown parameter: %s%s", name, hint)
 
 
+_RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+def _identity(nb: Any, output: str | None, kernel: str | None, cwd: str | None) -> str:
+    """What defines a run made without --run-dir: the parameterised notebook's content,
+    OUTPUT, the kernel and the working directory."""
+    parts = [nbs.content_hash(nb), _abs(output) or "", nbs.kernel_name(nb, kernel), _abs(cwd) or ""]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _identity_file(url: str, identity: str) -> str:
+    return os.path.join(os.path.dirname(url), f".latest-{identity}")
+
+
+def _interrupted_run(url: str, identity: str) -> str | None:
+    """The store of the last run with this identity beside ``url``, when it was
+    interrupted (its process gone) and so may be continued; else None."""
+    from ._status import describe
+
+    try:
+        with open(_identity_file(url, identity), encoding="ascii") as fh:
+            earlier = fh.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not _RUN_ID.fullmatch(earlier):
+        return None
+    where = os.path.join(os.path.dirname(url), earlier)
+    try:
+        status = describe(RunStore(where))["status"]
+    except SpotbookError:
+        return None
+    return where if status == RunStatus.INTERRUPTED.value else None
+
+
+def _note_identity(url: str, identity: str, run_id: str) -> None:
+    with contextlib.suppress(OSError):
+        tmp = f"{_identity_file(url, identity)}.{os.getpid()}"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(run_id + "\n")
+        os.replace(tmp, _identity_file(url, identity))
+
+
 def inspect_notebook(
     notebook_path: Any, parameters: Mapping[str, Any] | None = None
 ) -> dict[str, dict[str, str]]:
@@ -217,10 +263,17 @@ def prepare_run(
     if here and not prepare_only:
         check_kernel(nbs.kernel_name(nb, kernel_name))
     run_id = new_run_id()
+    identity = None
     if run_dir:
         url = _abs(run_dir)
     else:
         url = os.path.join(runs_dir, run_id) if runs_dir else resolve_run(run_id)
+        # the same command again continues the run it interrupted, as a batch user reruns
+        # a crashed job; after it succeeded (or failed) it is a new run, as papermill's
+        identity = _identity(nb, output_path, kernel_name, cwd)
+        earlier = None if restart or prepare_only else _interrupted_run(url, identity)
+        if earlier is not None:
+            url = earlier
     assert url is not None
     store = RunStore(url)
     spec = RunSpec(
@@ -286,6 +339,8 @@ def prepare_run(
             "seal": seal,
         },
     )
+    if identity is not None and not is_url(url):
+        _note_identity(url, identity, spec.run_id)
     if restart:
         store.claim_attempt(
             AttemptRecord(outcome=Outcome.RESTART.value, resumed_from=0, restart=True)

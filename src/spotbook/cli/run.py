@@ -23,7 +23,9 @@ from .._errors import (
 from .._models import (
     EXIT_STOPPED,
     Limits,
+    RunStatus,
 )
+from .._status import describe
 from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
 from ..attempt.runner import Runner, RunResult
@@ -251,7 +253,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 0
     store = _prepare(args)
     run_id = store.require_run()["spec"]["run_id"]
-    print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
+    doc = describe(store) if not args.prepare_only and store.attempts() else None
+    if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
+        print(
+            f"spotbook: continuing run {run_id}, interrupted with {doc['cells_done']} of "
+            f"{doc['cells_total']} cells done (--restart starts over), store {store.url}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
     if args.prepare_only:
         data = store.read("input.ipynb")
         output = store.require_run()["spec"].get("output")
