@@ -84,7 +84,7 @@ def test_downtime_of_a_run_killed_without_notice(work: Path) -> None:
     (event,) = doc["downtime"]["preemptions"]
     assert event["how"] == "killed" and event["stopped_at"] is None
     check_consistent(event, doc["attempts"])
-    assert "unknown (no notice)" in cli("status", "rd", cwd=work).stdout
+    assert "at an unknown time (killed without notice)" in cli("status", "rd", cwd=work).stdout
 
 
 def test_downtime_when_the_first_cell_never_finished(work: Path) -> None:

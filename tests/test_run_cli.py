@@ -547,6 +547,8 @@ def test_the_same_command_again_continues_an_interrupted_run(work: Path) -> None
     r = cli("run", "again.ipynb", "again-out.ipynb", "--snapshot", "every-cell", cwd=work)
     assert r.returncode == 0, r.stderr
     assert r.stderr.startswith(f"spotbook: continuing run {first.name}, interrupted with 1 of 3")
+    # in a person's words, cells numbered as papermill numbers them
+    assert "restored the kernel's state after cell 1 of 3; no cell replayed" in r.stderr
     doc = json.loads(cli("status", str(first), "--json", cwd=work).stdout)
     assert [a["outcome"] for a in doc["attempts"]] == ["killed", "completed"]
     assert doc["attempts"][1]["resumed_from"] == 1

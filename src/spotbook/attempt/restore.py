@@ -167,12 +167,7 @@ class Restorer:
             fidelity=report.to_json(),
             resumed_at=time.time(),  # from here on, cells that were never run
         )
-        log.info(
-            "restored %s; replayed cells %s (%s)",
-            doc["name"] if doc else "no snapshot",
-            replayed,
-            "; ".join(f"{i}: {why}" for i, why in sorted(report.replayed.items())) or "none",
-        )
+        log.info("%s", _restored_words(doc, replayed, report, len(self.run.nb.cells)))
         for line in report.may_differ:
             log.warning("may differ from an uninterrupted run: %s", line)
         return plan, start
@@ -298,6 +293,25 @@ class Restorer:
             raise _ReplayFailed(
                 f"replaying cell {index} raised {result.error['ename']}: {result.error['evalue']}"
             )
+
+
+def _restored_words(
+    doc: dict[str, Any] | None, replayed: list[int], report: FidelityReport, total: int
+) -> str:
+    """What the resume did, in a person's words and papermill's numbering of cells (from 1,
+    every cell counted): "restored the state after cell 6 of 10; replayed cell 2 (why)"."""
+    name = str(doc.get("name") or "") if doc else ""
+    after = name[:5]
+    head = (
+        f"restored the kernel's state after cell {int(after) + 1} of {total}"
+        if after.isdigit()
+        else "no snapshot to restore: the cells before are replayed"
+    )
+    if not replayed:
+        return f"{head}; no cell replayed"
+    why = dict(report.replayed)
+    cells = ", ".join(f"{i + 1}" + (f" ({why[i]})" if why.get(i) else "") for i in sorted(replayed))
+    return f"{head}; replayed cell{'s' if len(replayed) > 1 else ''} {cells}"
 
 
 def undo_files(index: int, undo: dict[str, int | None]) -> list[str]:

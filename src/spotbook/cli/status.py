@@ -82,7 +82,11 @@ def _print_downtime(report: dict[str, Any]) -> None:
     """The downtime report: what each preemption cost and the run's totals."""
     for e in report["preemptions"]:
         sp = e["split"]
-        stop = _clock(e["stopped_at"]) if e["stopped_at"] else "unknown (no notice)"
+        stop = (
+            _clock(e["stopped_at"])
+            if e["stopped_at"]
+            else "at an unknown time (killed without notice)"
+        )
         print(
             f"preemption attempt {e['attempt']} → {e['next_attempt']} ({e['how']} on "
             f"{e['node']}): last progress {_clock(e['last_progress_at'])}, stopped {stop}, "
