@@ -492,7 +492,7 @@ def test_left_out_paths_follow_papermills_pipes(work: Path) -> None:
     assert empty.returncode == 2 and "taken as OUTPUT" in empty.stderr.decode()
     assert (work / "params.ipynb").read_bytes() == text
     none = run(stdin=None)
-    assert none.returncode == 2 and "INPUT is missing" in none.stderr.decode()
+    assert none.returncode == 2 and "required: INPUT" in none.stderr.decode()
 
 
 def test_output_grows_as_the_run_goes_and_survives_a_kill(work: Path) -> None:
@@ -553,6 +553,7 @@ def test_the_same_command_again_continues_an_interrupted_run(work: Path) -> None
     assert [a["outcome"] for a in doc["attempts"]] == ["killed", "completed"]
     assert doc["attempts"][1]["resumed_from"] == 1
     assert sorted(p.name for p in runs()) == [first.name]
+    assert list(runs_dir.iterdir()) == [first]  # the identity is kept beside, not in it
     r = cli("run", "again.ipynb", "again-out.ipynb", cwd=work)  # succeeded: a new run
     assert r.returncode == 0 and "continuing" not in r.stderr, r.stderr
     assert len(runs()) == 2

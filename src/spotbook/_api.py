@@ -165,7 +165,8 @@ def _identity(nb: Any, output: str | None, kernel: str | None, cwd: str | None) 
 
 
 def _identity_file(url: str, identity: str) -> str:
-    return os.path.join(os.path.dirname(url), f".latest-{identity}")
+    """Beside the runs folder (whose every entry is a run): its last run's id."""
+    return os.path.join(os.path.dirname(os.path.dirname(url)), "identities", identity)
 
 
 def _interrupted_run(url: str, identity: str) -> str | None:
@@ -190,6 +191,7 @@ def _interrupted_run(url: str, identity: str) -> str | None:
 
 def _note_identity(url: str, identity: str, run_id: str) -> None:
     with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(_identity_file(url, identity)), exist_ok=True)
         tmp = f"{_identity_file(url, identity)}.{os.getpid()}"
         with open(tmp, "w", encoding="ascii") as fh:
             fh.write(run_id + "\n")

@@ -238,8 +238,9 @@ def _papermill_pipes(args: argparse.Namespace) -> None:
             args.input = "-"
     if args.input is None:
         raise UsageError(
-            "INPUT is missing (usage: spotbook run INPUT [OUTPUT] [flags]): give the "
-            "notebook's path or URL, or pipe it in (spotbook run - OUTPUT < notebook.ipynb)"
+            "the following arguments are required: INPUT (usage: spotbook run INPUT "
+            "[OUTPUT] [flags]); give the notebook's path or URL, or pipe it in "
+            "(spotbook run - OUTPUT < notebook.ipynb)"
         )
     if args.output is None and args.run_dir is None and not sys.stdout.isatty():
         args.output = "-"
