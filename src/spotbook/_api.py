@@ -117,7 +117,7 @@ def notebook_parameters(
     cell is tagged ``parameters``. ``parameters`` fill a templated path."""
     where, data = _input(parameterize_path(notebook_path, dict(parameters or {})))
     nb = nbs.parse(data, repr(where))
-    cell = next((c for c in nb.cells if nbs.PARAMETERS_TAG in c.metadata.get("tags", [])), None)
+    cell = _parameters_cell(nb)
     if cell is None:
         return None
     if nbs.kernel_language(nb) != "python":
@@ -130,13 +130,18 @@ def notebook_parameters(
     return inspect_source(str(cell.source)) if cell.cell_type == "code" else []
 
 
+def _parameters_cell(nb: Any) -> Any:
+    """The cell tagged ``parameters``, or None."""
+    return next((c for c in nb.cells if nbs.PARAMETERS_TAG in c.metadata.get("tags", [])), None)
+
+
 def _warn_unknown_parameters(nb: Any, params: Mapping[str, Any], language: str, where: Any) -> None:
     """papermill's warnings: a parameter the ``parameters`` cell does not assign (with
     the closest name it does, as a typo usually is), and parameters passed to a notebook
     that has no such cell. They are injected all the same, as papermill injects them."""
     if not params:
         return
-    cell = next((c for c in nb.cells if nbs.PARAMETERS_TAG in c.metadata.get("tags", [])), None)
+    cell = _parameters_cell(nb)
     if cell is None:
         log.warning(
             "%s has no cell tagged %r: the parameters are injected at the top",
@@ -190,12 +195,12 @@ def _interrupted_run(url: str, identity: str) -> str | None:
 
 
 def _note_identity(url: str, identity: str, run_id: str) -> None:
+    path = _identity_file(url, identity)
     with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(_identity_file(url, identity)), exist_ok=True)
-        tmp = f"{_identity_file(url, identity)}.{os.getpid()}"
-        with open(tmp, "w", encoding="ascii") as fh:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.{os.getpid()}", "w", encoding="ascii") as fh:
             fh.write(run_id + "\n")
-        os.replace(tmp, _identity_file(url, identity))
+        os.replace(f"{path}.{os.getpid()}", path)
 
 
 def inspect_notebook(

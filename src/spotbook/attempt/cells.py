@@ -119,7 +119,7 @@ class CellLoop:
             if run.opts.on_output is not None:
                 run.opts.on_output(CELL_END, {"index": index})
             status = CellStatus.COMPLETED
-            if result.error and not (result.allowed_error or run.spec.allow_errors):
+            if result.error and not result.allowed_error:
                 exiting = result.error["ename"] == "SystemExit"
                 ok = exiting and result.error["evalue"] in _EXIT_OK
                 status = CellStatus.EXITED if ok else CellStatus.FAILED

@@ -233,7 +233,10 @@ class KernelSession:
         start_timeout: float,
         env: dict[str, str],
         on_output: OutputCallback | None = None,
+        allow_errors: bool = False,
     ) -> None:
+        # --allow-errors: every cell may fail, as one tagged raises-exception may
+        self._allow_errors = allow_errors
         self._client = _Client(
             nb,
             kernel_name=kernel_name,
@@ -326,7 +329,7 @@ class KernelSession:
             execution_count=cell.get("execution_count"),
             metadata={"execution": dict(cell.metadata.get("execution", {}))},
             error=error,
-            allowed_error="raises-exception" in cell.metadata.get("tags", []),
+            allowed_error=self._allow_errors or "raises-exception" in cell.metadata.get("tags", []),
             reply=content,
             reply_metadata=reply.get("metadata") or {},
         )

@@ -289,7 +289,7 @@ class Restorer:
             result = await self.run.race(session.replay_cell(index, count), grace=0.0, index=index)
         except KernelDied:
             raise _ReplayFailed(f"the kernel died while replaying cell {index}") from None
-        if result.error and not (result.allowed_error or self.run.spec.allow_errors):
+        if result.error and not result.allowed_error:
             raise _ReplayFailed(
                 f"replaying cell {index} raised {result.error['ename']}: {result.error['evalue']}"
             )
@@ -300,11 +300,9 @@ def _restored_words(
 ) -> str:
     """What the resume did, in a person's words and papermill's numbering of cells (from 1,
     every cell counted): "restored the state after cell 6 of 10; replayed cell 2 (why)"."""
-    name = str(doc.get("name") or "") if doc else ""
-    after = name[:5]
     head = (
-        f"restored the kernel's state after cell {int(after) + 1} of {total}"
-        if after.isdigit()
+        f"restored the kernel's state after cell {int(doc['after']) + 1} of {total}"
+        if doc
         else "no snapshot to restore: the cells before are replayed"
     )
     if not replayed:

@@ -500,6 +500,7 @@ class Runner:
             start_timeout=self.spec.limits.start_timeout,
             env=self._kernel_env,
             on_output=self.opts.on_output,
+            allow_errors=self.spec.allow_errors,
         )
         await self.race(self.session.start(), grace=0.0, index=index)
         try:
