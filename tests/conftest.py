@@ -87,8 +87,15 @@ def cells_committed(run_dir: Path) -> int:
 
 
 def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> tuple[int, str]:
+    """Send ``sig`` and wait for the process to end; one that outlives a minute fails the
+    test, and is killed so that it does not outlive the test."""
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 60 s after signal {sig}; its stderr:\n{err}") from exc
     return proc.returncode, err
 
 

@@ -380,6 +380,42 @@ def test_a_store_that_hangs_after_the_notice_cannot_hold_the_exit(
     _resumes_to_the_end(work, place)
 
 
+@on("s3")
+def test_a_notice_while_a_store_request_hangs_still_bounds_the_exit(
+    work: Path, place: Place, storages: dict[str, Storage]
+) -> None:
+    """The store stops answering first, and the notice comes while the runner waits on it
+    (cell 0's record held): the event loop is stuck in that request, yet the signal itself
+    arms the exit watchdog, so the process ends with 75 and says why."""
+    st = storages[place.kind]
+    write_notebook(
+        work / "nb.ipynb",
+        "import os, time\n"
+        "open('started0', 'w').close()\n"
+        "while not os.path.exists('go0'):\n"
+        "    time.sleep(0.01)\n"
+        "x = 1",
+        *GATED[1:],
+    )
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", place.rd, "--grace", "1",
+        cwd=work, env=place.env,
+    )  # fmt: skip
+    wait_for(lambda: (work / "started0").exists(), timeout=120, what="cell 0 to start")
+    outage = Path(f"{st.stats_file}.outage")
+    held = st.faults()["held"]
+    outage.write_text("hang")
+    try:
+        (work / "go0").write_text("")
+        wait_for(lambda: st.faults()["held"] > held, timeout=60, what="a request held")
+        code, err = kill(proc, signal.SIGTERM)
+    finally:
+        outage.unlink()
+    assert code == 75, err
+    assert "does not answer; stopping now" in err and "spotbook resume" in err, err
+    _resumes_to_the_end(work, place)
+
+
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """An 8 MiB tmpfs (root can mount one; CI runs as root)."""

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .._models import NoticeCell
 
@@ -32,8 +33,12 @@ class Notice:
         self.at = 0.0
         # what the work running at the notice did
         self.cell = NoticeCell.NONE
-        self._installed: list[signal.Signals] = []
-        self._watchdog: threading.Timer | None = None
+        self._previous: dict[signal.Signals, Any] = {}  # the handlers before ours
+        self._signalled = False
+        self._watchdog: threading.Thread | None = None
+        self._armed = threading.Event()
+        self._closed = threading.Event()
+        self._overrun: tuple[float, Callable[[], None]] | None = None
 
     @property
     def given(self) -> bool:
@@ -56,30 +61,58 @@ class Notice:
         self.future.set_result(None)
         return True
 
-    def install(self, on_signal: Callable[[str], None]) -> None:
-        """SIGTERM and SIGINT call ``on_signal`` with the signal's name (main thread
-        only: elsewhere the caller's own handlers stay)."""
+    def install(
+        self, on_signal: Callable[[str], None], at_once: Callable[[str], None] | None = None
+    ) -> None:
+        """SIGTERM and SIGINT call ``on_signal`` with the signal's name from the event loop,
+        and ``at_once`` (the first time) from the signal handler itself: the loop may be
+        stuck in a store request that never returns, and what bounds the time to exit must
+        not wait for it. Main thread only: elsewhere the caller's own handlers stay."""
+        if threading.current_thread() is not threading.main_thread():
+            return
         loop = asyncio.get_running_loop()
+
+        def handler(signum: int, frame: object) -> None:
+            name = signal.Signals(signum).name
+            if at_once is not None and not self._signalled:
+                self._signalled = True
+                at_once(name)
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(on_signal, name)
+
+        if at_once is not None:
+            self._start_watchdog()  # never started from a signal handler
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, on_signal, signal.Signals(sig).name)
-                self._installed.append(sig)
-            except (RuntimeError, ValueError):  # not the main thread
-                break
+            self._previous[sig] = signal.signal(sig, handler)
 
     def arm_watchdog(self, seconds: float, on_overrun: Callable[[], None]) -> None:
         """Call ``on_overrun`` from a thread if the attempt is still here ``seconds``
-        after now (the event loop may be stuck in a request that never returns)."""
-        self._watchdog = threading.Timer(seconds, on_overrun)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        after now (the event loop may be stuck in a request that never returns). Safe in
+        a signal handler: the thread was started beforehand, and this only wakes it."""
+        self._start_watchdog()
+        self._overrun = (time.monotonic() + seconds, on_overrun)
+        self._armed.set()
+
+    def _start_watchdog(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="exit-watchdog")
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        self._armed.wait()
+        if self._overrun is None:  # closed without a notice
+            return
+        at, on_overrun = self._overrun
+        if not self._closed.wait(max(0.0, at - time.monotonic())):
+            on_overrun()
 
     def close(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in self._installed:
-            loop.remove_signal_handler(sig)
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        for sig, previous in self._previous.items():  # None: not set from Python
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+        self._closed.set()
+        self._armed.set()
         for path in (self.path, self.seen_path):
             with contextlib.suppress(OSError):
                 os.unlink(path)

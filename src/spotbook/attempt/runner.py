@@ -137,7 +137,7 @@ class Runner:
         self.tmp = tempfile.mkdtemp(prefix="spotbook-")
         self.notice = Notice(os.path.join(self.tmp, "notice"))
         if self.opts.handle_signals:
-            self.notice.install(self._on_notice)
+            self.notice.install(self._on_notice, at_once=self._bound_exit)
         try:
             return await self._attempt(start)
         finally:
@@ -153,19 +153,27 @@ class Runner:
             with contextlib.suppress(OSError):
                 os.rmdir(self.tmp)
 
+    def _bound_exit(self, signame: str) -> None:
+        """From the signal handler, before the event loop sees the notice (it may be stuck
+        in a store request that never returns): --grace plus the save budget bounds the
+        time to exit. Storage retries give up (and say so) rather than sleep past it, and
+        the watchdog ends the process if a request never returns."""
+        at = time.monotonic()
+        self.store.deadline = at + self.grace + SAVE_BUDGET
+        if self.opts.on_overrun is not None:
+            assert self.notice is not None
+            self.notice.arm_watchdog(
+                self.grace + SAVE_BUDGET + EXIT_MARGIN, lambda: self._overrun(signame)
+            )
+
     def _on_notice(self, signame: str) -> None:
         assert self.notice is not None
         if not self.notice.fire(signame):
             return
-        # --grace plus the save budget bounds the time to exit: storage retries give
-        # up (and say so) rather than sleep past it
-        self.store.deadline = self.notice.at + self.grace + SAVE_BUDGET
-        if self.opts.on_overrun is not None:
-            self.notice.arm_watchdog(self.grace + SAVE_BUDGET + EXIT_MARGIN, self._overrun)
         if self._files is not None:
             self._files.on_notice()
 
-    def _overrun(self) -> None:
+    def _overrun(self, signame: str) -> None:
         """The watchdog's thread: the time to exit ran out while the loop is stuck."""
         assert self.opts.on_overrun is not None
         if self.session is not None:
@@ -173,7 +181,7 @@ class Runner:
         done = len(self.journal.records)
         self.opts.on_overrun(
             f"run {self.spec.run_id}: still saving {self.grace + SAVE_BUDGET + EXIT_MARGIN:.0f}"
-            f" s after the {self.notice.signame if self.notice else 'notice'} (--grace "
+            f" s after the {signame} (--grace "
             f"{self.grace:g} s + {SAVE_BUDGET:g} s to save): the store at {self.store.url} "
             "does not answer; stopping now. What was committed before stays "
             f"({done} cell records); `spotbook resume` continues from there"
