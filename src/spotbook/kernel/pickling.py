@@ -527,6 +527,14 @@ class IntegrityError(Exception):
     """A blob's bytes do not match the hash the (verified) manifest gives."""
 
 
+class _BlobUnwritable(Exception):
+    """An array's buffer could not be written: carried past the per-variable handler."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def dump_namespace(
     values: dict[str, Any], user_globals: dict[str, Any], blobs: Blobs
 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -547,7 +555,10 @@ def dump_namespace(
             return True
         if raw.nbytes < OUT_OF_BAND:
             return True
-        buffers.append(blobs.put(raw))
+        try:
+            buffers.append(blobs.put(raw))
+        except OSError as exc:  # the store's fault, not the variable's: see below
+            raise _BlobUnwritable(exc) from exc
         return False
 
     roots = array_roots(values)
@@ -571,6 +582,10 @@ def dump_namespace(
             pickler.dump((marker, values[name]))
             if LOAD_CHECK["on"]:
                 _load_check(pickler, stream, start, marker, len(buffers) > nbuf, name)
+        except _BlobUnwritable as exc:
+            # a full disk (or EIO, EDQUOT) is no reason to leave a variable out: the whole
+            # snapshot fails as the store's, and the runner stops with progress kept
+            raise exc.error from None
         except Exception as exc:  # pickling can raise anything: the variable is replayed
             failed[name] = f"{type(exc).__name__}: {exc}"[:300]
             # cut the segment out: its bytes, its buffers and the memo entries it made
