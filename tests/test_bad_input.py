@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,6 +183,14 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--log-level unknown", {"in.ipynb": nb()}, [*RUN, "--log-level", "LOUD"], 2, "--log-level", "none"),
     ("worker without a run", {}, ["worker"], 2, "SPOTBOOK_RUN_DIR", "none"),
     ("worker with half the classic variables", {}, ["worker"], 2, "DOWNLOAD_FILE_PATH is not set", "none"),
+    # -- numbers and paths checked before anything is written ---------------------
+    ("--snapshot-interval nan", {"in.ipynb": nb()}, [*RUN, "--snapshot-interval", "nan"], 2, "--snapshot-interval must be a finite", "none"),
+    ("simulate --trials 0", {}, ["simulate", "--from", "rd", "--trials", "0"], 2, "--trials must be 1 or more", "none"),
+    ("simulate --delay nan", {}, ["simulate", "--from", "rd", "--delay", "nan"], 2, "--delay must be a finite", "none"),
+    ("simulate --interval inf", {}, ["simulate", "--from", "rd", "--interval", "inf"], 2, "--interval must be a positive, finite", "none"),
+    ("--stdout-file in a missing folder", {"in.ipynb": nb()}, [*RUN, "--stdout-file", "missing/x.txt"], 2, "does not exist; make it first", "none"),
+    ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
+    ("--run-dir where no folder can be made", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--run-dir", "/proc/self/x"], 2, "give --run-dir a directory", "none"),
 ]
 # fmt: on
 
@@ -274,3 +285,27 @@ def test_spotbook_errors_survive_pickling() -> None:
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err)
         assert back.__dict__ == err.__dict__
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["inspect", "in.ipynb", "--json"]], ids=" ".join)
+def test_a_reader_that_stops_reading_is_no_error(tmp_path: Path, argv: list[str]) -> None:
+    """`spotbook runs | head`: the pipe's reader is gone before the command writes; it
+    ends quietly (exit 0), with no traceback and no 'Exception ignored' at exit."""
+    (tmp_path / "in.ipynb").write_text(nb())
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone: every write gets EPIPE
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "spotbook", *argv],
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr

@@ -213,8 +213,8 @@ class SnapshotPolicy:
             raise UsageError("--files-exclude takes a non-empty glob")
         if self.min_gap < 0:
             raise UsageError("the snapshot policy's min gap must not be negative")
-        if self.interval is not None and self.interval < 0:
-            raise UsageError("--snapshot-interval must be zero or more seconds")
+        if self.interval is not None and not (0 <= self.interval < math.inf):
+            raise UsageError("--snapshot-interval must be a finite number of seconds, zero or more")
         if not (0 < self.hazard < math.inf):
             raise UsageError("--snapshot-hazard must be a positive rate (preemptions per hour)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -126,6 +127,21 @@ def _trace(path: str | None) -> list[float] | None:
         raise UsageError(f"--trace {path}: a file of preemption times in seconds ({exc})") from exc
 
 
+def _check_simulate_flags(args: argparse.Namespace) -> None:
+    """The numbers ``simulate`` takes, checked before any run is read (a NaN compares false
+    with every limit, so it would pass a plain range check)."""
+    if not (math.isfinite(args.delay) and args.delay >= 0):
+        raise UsageError(
+            f"--delay must be a finite number of seconds, zero or more, not {args.delay}"
+        )
+    if args.interval is not None and not (math.isfinite(args.interval) and args.interval > 0):
+        raise UsageError(
+            f"--interval must be a positive, finite number of seconds, not {args.interval}"
+        )
+    if args.trials < 1:
+        raise UsageError(f"--trials must be 1 or more, not {args.trials}")
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from ..economics.simulate import (
         HOUR,
@@ -136,6 +152,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         young_daly,
     )
 
+    _check_simulate_flags(args)
     profile = profile_from_run(open_run(args.run))
     duration = _duration(args.duration)
     if duration is not None:

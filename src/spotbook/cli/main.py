@@ -114,7 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # against a GCS emulator there are no Google credentials to find; say nothing
         logging.getLogger("google.auth").setLevel(logging.ERROR)
     try:
-        return command(args.command)(args)
+        code = command(args.command)(args)
+        sys.stdout.flush()  # a reader that went away is found here, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader stopped reading (`spotbook runs | head`): it had what it wanted
+        _stdout_to_devnull()
+        return 0
     except SpotbookError as exc:
         code = exit_code(exc)
         prefix = "" if isinstance(exc, Terminated) else "error: "
@@ -133,3 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit finds no closed
+    pipe (and prints no 'Exception ignored' lines)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file descriptor
+        pass

@@ -57,6 +57,25 @@ def _exit_now(why: str) -> None:
     os._exit(EXIT_STOPPED)
 
 
+def _check_stream_files(args: argparse.Namespace) -> None:
+    """--stdout-file and --stderr-file, checked before anything is written: a file in a
+    folder that is there, and not a folder itself."""
+    for flag, name in (("--stdout-file", "stdout_file"), ("--stderr-file", "stderr_file")):
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path} is a folder: give a file's path")
+        if not os.path.isdir(folder):
+            raise UsageError(
+                f"{flag} {path}: the folder {folder} does not exist; make it first "
+                f"(mkdir -p {folder}) or give another path"
+            )
+        if not os.access(folder, os.W_OK):
+            raise UsageError(f"{flag} {path}: this user cannot write in {folder}")
+
+
 def _stream_files(args: argparse.Namespace) -> Any:
     """(on_output, files to close): --log-output to stderr, --stdout-file/--stderr-file."""
     files = {
@@ -248,6 +267,7 @@ def _papermill_pipes(args: argparse.Namespace) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     _papermill_pipes(args)
+    _check_stream_files(args)
     if args.help_notebook:
         _check_engine(args)
         _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
@@ -285,6 +305,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
+    _check_stream_files(args)
     store = RunStore(resolve_run(args.run))
     store.require_run()
     print(f"spotbook: resuming {store.url}", file=sys.stderr)

@@ -207,17 +207,25 @@ class LocalBackend(Backend):
             )
         return super().oserror(what, exc)
 
+    def _dirs(self, path: str, what: str) -> None:
+        """Make the folders ``path`` goes in; a place where none can be made (a missing
+        parent gone meanwhile, /proc) is an unusable --run-dir, not a missing object."""
+        try:
+            make_private_dirs(os.path.dirname(path))
+        except FileNotFoundError as exc:
+            raise self.unusable(what, exc) from exc
+
     def write(self, path: str, data: bytes, what: str) -> None:
         with self.translate(what):
             try:
                 _atomic_local(path, data, private=True)
             except FileNotFoundError:
-                make_private_dirs(os.path.dirname(path))
+                self._dirs(path, what)
                 _atomic_local(path, data, private=True)
 
     def create(self, path: str, data: bytes, what: str) -> bool:
         with self.translate(what):
-            make_private_dirs(os.path.dirname(path))
+            self._dirs(path, what)
             try:
                 # Link a complete temp file into place: exclusive and never half-written.
                 tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -255,7 +263,7 @@ class LocalBackend(Backend):
 
     def put_file(self, local: str, path: str, what: str) -> None:
         with self.translate(what):
-            make_private_dirs(os.path.dirname(path))
+            self._dirs(path, what)
             tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
             try:
                 with open(local, "rb") as src, _private_file(tmp) as dst:
@@ -272,7 +280,7 @@ class LocalBackend(Backend):
         with self.translate(what):
             fd = self._fds.get(path)
             if fd is None:
-                make_private_dirs(os.path.dirname(path))
+                self._dirs(path, what)
                 flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                 fd = self._fds[path] = os.open(path, flags, 0o600)
                 os.fchmod(fd, 0o600)
