@@ -229,9 +229,14 @@ def test_drill_never_signals_a_process_that_reused_the_runners_pid(work: Path) -
             outcome="running", host=socket.gethostname(), pid=stranger.pid,
             process_started=started - 3600,
         )  # fmt: skip
-        store.write_json("attempts/0001.json", rec)
+        store.write_json("attempts/0001.json", rec)  # unsealed: refused by the seal
         r = cli("drill", "rd", cwd=work)
-        assert r.returncode == 2 and "now belongs to another process" in r.stderr, r.stderr
+        assert r.returncode == 2 and "attempts/0001.json" in r.stderr, r.stderr
+        assert stranger.poll() is None  # not signalled
+        store.unseal()  # sealed with this machine's key, as the runner's own record is
+        store.update_attempt(1, rec)
+        r = cli("drill", "rd", cwd=work)
+        assert r.returncode == 2 and f"(pid {stranger.pid}) is not its runner" in r.stderr
         assert stranger.poll() is None  # not signalled
     finally:
         stranger.kill()

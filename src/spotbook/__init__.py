@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from .ops.plans import PlanRun, run_plan
     from .ops.runs import (
         Cancelled,
+        LocalRunner,
         Recovered,
         RunListing,
         cancel_run,
@@ -61,7 +62,9 @@ if TYPE_CHECKING:
         recover_run,
         run_logs,
         run_notebook,
+        run_outputs,
         run_status,
+        stop_local_run,
     )
     from .ops.submit import Submitted, job_manifest, submit_notebook, wait_for_job
     from .ops.sweep import (
@@ -92,6 +95,9 @@ _LAZY = {
     "Recovered": ".ops.runs",
     "run_notebook": ".ops.runs",
     "run_logs": ".ops.runs",
+    "run_outputs": ".ops.runs",
+    "stop_local_run": ".ops.runs",
+    "LocalRunner": ".ops.runs",
     "find_runs": ".ops.runs",
     "cluster_runs": ".ops.runs",
     "RunListing": ".ops.runs",
@@ -139,6 +145,7 @@ __all__ = [
     "KernelDiedError",
     "KernelNotFoundError",
     "Limits",
+    "LocalRunner",
     "NotebookFormatError",
     "Outcome",
     "ParameterError",
@@ -181,8 +188,10 @@ __all__ = [
     "resume_sweep",
     "run_logs",
     "run_notebook",
+    "run_outputs",
     "run_plan",
     "run_status",
+    "stop_local_run",
     "submit_notebook",
     "submit_sweep",
     "sweep",

@@ -24,6 +24,13 @@ class RunStatus(enum.StrEnum):
     CANCELLED = "cancelled"  # its Job was deleted by `spotbook cancel` before it succeeded
 
 
+def runner_mark(run_id: str) -> str:
+    """The name of the file a runner holds open for its whole attempt (in its private
+    temporary directory): what proves a pid in an attempt record is that run's runner
+    before ``cancel`` or ``drill`` signals it (a record alone could name any process)."""
+    return f"spotbook-runner-{run_id}"
+
+
 class Outcome(enum.StrEnum):
     """How one attempt ended."""
 

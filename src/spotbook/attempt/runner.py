@@ -44,7 +44,15 @@ from .._errors import (
     Terminated,
     UsageError,
 )
-from .._models import EXIT_MARGIN, SAVE_BUDGET, NoticeCell, Outcome, RunSpec, RunStatus
+from .._models import (
+    EXIT_MARGIN,
+    SAVE_BUDGET,
+    NoticeCell,
+    Outcome,
+    RunSpec,
+    RunStatus,
+    runner_mark,
+)
 from ..notebook import document as nbs
 from ..store.checkpoints import CheckpointDir
 from ..store.integrity import make_private_dirs
@@ -109,6 +117,7 @@ class Runner:
         self.session: KernelSession | None = None
         self.notice: Notice | None = None
         self.tmp = ""  # the attempt's private directory: notice file, staged blobs
+        self._mark = -1  # the open file that says this process runs the attempt
         self._deadline: float | None = None  # --timeout, on the monotonic clock
         self._files: FilesSync | None = None  # object stores: the synced checkpoint dir
         self._files_manifest: dict[str, Any] | None = None
@@ -135,6 +144,9 @@ class Runner:
             self._undone = undo_files(start, executed["undo"])
             journal.attempt_rec["files_given_back"] = self._undone
         self.tmp = tempfile.mkdtemp(prefix="spotbook-")
+        # held open until the attempt ends: `cancel` and `drill` check it before a signal
+        mark = os.path.join(self.tmp, runner_mark(self.spec.run_id))
+        self._mark = os.open(mark, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, 0o600)
         self.notice = Notice(os.path.join(self.tmp, "notice"))
         if self.opts.handle_signals:
             self.notice.install(self._on_notice, at_once=self._bound_exit)
@@ -150,6 +162,9 @@ class Runner:
             if self._files is not None:
                 shutil.rmtree(self._files.files.local, ignore_errors=True)
             shutil.rmtree(os.path.join(self.tmp, "blobs"), ignore_errors=True)
+            os.close(self._mark)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.tmp, runner_mark(self.spec.run_id)))
             with contextlib.suppress(OSError):
                 os.rmdir(self.tmp)
 

@@ -9,10 +9,20 @@ import sys
 import time
 from typing import Any
 
-from .._errors import UsageError
+from .._errors import CommandFailedError, UsageError
+from ..kube.jobs import JOB_RECORD
 from ..kube.manifest import JobOptions
 from ..ops.fallback import FallbackPolicy
-from ..ops.runs import cancel_run, cluster_for, job_record, open_run, recover_run
+from ..ops.runs import (
+    cancel_run,
+    cluster_for,
+    job_record,
+    open_run,
+    recover_run,
+    run_outputs,
+    stop_local_run,
+)
+from ..store.runstore import RunStore
 from .parser import snapshot_policy
 from .run import _check_engine, _limits, _parameters, _stdin_notebook
 
@@ -178,9 +188,37 @@ def _print_manifest(manifest: dict[str, Any], fmt: str) -> None:
         print(yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False), end="")
 
 
+def _submitted(store: RunStore) -> bool:
+    """Whether the run was submitted to a cluster (else it runs, or ran, on a machine
+    with `spotbook run`)."""
+    return store.read_json(JOB_RECORD) is not None
+
+
+def _local_logs(store: RunStore, follow: bool) -> int:
+    """A run's cells' outputs as they are committed, between papermill's separators."""
+    from .._api import cell_separator
+
+    for kind, content in run_outputs(store, follow=follow):
+        separator = cell_separator(kind, content)
+        if separator is not None:
+            print(separator, flush=True)
+            continue
+        if kind == "error":
+            text = f"{content.get('ename')}: {content.get('evalue')}"
+        else:
+            text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
+            text = "".join(text) if isinstance(text, list) else str(text)
+        if text:
+            sys.stdout.write(text if text.endswith("\n") else f"{text}\n")
+            sys.stdout.flush()
+    return 0
+
+
 def _cmd_logs(args: argparse.Namespace) -> int:
     store = open_run(args.run, context=args.context, namespace=args.namespace)
     run_id = store.require_run()["spec"]["run_id"]
+    if not _submitted(store):
+        return _local_logs(store, args.follow)
     cluster = cluster_for(args.context, args.namespace, job_record(store))
     pods = cluster.pods(run_id)
     if args.follow:
@@ -213,10 +251,36 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    done = cancel_run(args.run, context=args.context, namespace=args.namespace)
+    store = open_run(args.run, context=args.context, namespace=args.namespace)
+    store.require_run()
+    if not _submitted(store):
+        return _stop_local(store)
+    done = cancel_run(store, context=args.context, namespace=args.namespace)
     print(
         f"spotbook: cancelled run {done.run_id}: deleted its Job; the pod saves progress on "
         f"its way out, and {done.url} keeps everything done so far",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _stop_local(store: RunStore) -> int:
+    """cancel of a run on this machine: its runner stops as on Ctrl-C, progress kept."""
+    from .._models import EXIT_MARGIN, SAVE_BUDGET, Limits
+    from .._status import describe
+
+    grace = float((store.require_run()["spec"].get("limits") or {}).get("grace", Limits().grace))
+    runner, ended = stop_local_run(store, timeout=grace + SAVE_BUDGET + EXIT_MARGIN + 5.0)
+    if not ended:
+        raise CommandFailedError(
+            f"run {runner.run_id}: its runner (pid {runner.pid}) was asked to stop and is "
+            f"still saving; `kill -9 {runner.pid}` ends it (what it committed stays)"
+        )
+    doc = describe(store)
+    print(
+        f"spotbook: stopped run {runner.run_id} (pid {runner.pid}) as Ctrl-C would: "
+        f"{doc['cells_done']} of {doc['cells_total']} cells saved; `spotbook resume "
+        f"{runner.url}` continues it",
         file=sys.stderr,
     )
     return 0

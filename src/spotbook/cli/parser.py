@@ -631,12 +631,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wt.add_argument("run", metavar="RUN", help="run id or run store URL")
     _add_cluster_flags(wt)
-    lg = sub.add_parser("logs", help="the output of a submitted run's pod (kubectl logs)")
+    lg = sub.add_parser(
+        "logs",
+        help="a run's output: its cells' outputs as they are saved (a run on this machine), "
+        "or its pod's log (a submitted run, as kubectl logs)",
+    )
     lg.add_argument("run", metavar="RUN", help="run id or run store URL")
     lg.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     lg.add_argument("--all", action="store_true", help="every attempt's pod, oldest first")
     _add_cluster_flags(lg)
-    cn = sub.add_parser("cancel", help="stop a submitted run: delete its Job (progress is kept)")
+    cn = sub.add_parser(
+        "cancel",
+        help="stop a run, progress kept: on this machine as Ctrl-C would (resumable); a "
+        "submitted run by deleting its Job",
+    )
     cn.add_argument("run", metavar="RUN", help="run id or run store URL")
     _add_cluster_flags(cn)
     rc = sub.add_parser(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -93,7 +92,7 @@ def drill(
             view = cluster_view(cluster=cluster)
             event, status = _follow_recovery(store, last, timeout, tell, view)
         return _with(report, event=event, status=status)
-    took, killed, pid = _drill_local(store, spec, attempts, tell)
+    took, killed, pid = _drill_local(store, spec, tell)
     report = DrillReport(run_id, "sigterm", f"pid {pid}", stopped_in=took, killed=killed)
     if not resume:
         return _with(report, status=describe(store)["status"])
@@ -113,33 +112,16 @@ def _with(report: DrillReport, **changes: Any) -> DrillReport:
     return dataclasses.replace(report, **changes)
 
 
-def _drill_local(
-    store: RunStore, run: dict[str, Any], attempts: list[dict[str, Any]], say: Say
-) -> tuple[float, bool, int]:
-    """SIGTERM the local runner and wait for it to stop: (seconds, killed, pid)."""
-    from ..attempt.environment import process_started
+def _drill_local(store: RunStore, run: dict[str, Any], say: Say) -> tuple[float, bool, int]:
+    """SIGTERM the local runner and wait for it to stop: (seconds, killed, pid). The
+    runner is found as ``cancel`` finds it: a sealed attempt record, and a process that
+    holds the run's mark open (a pid in a record alone could name any process)."""
+    from .runs import local_runner
 
-    current = attempts[-1] if attempts else {}
-    pid = int(current.get("pid") or 0)
-    if (
-        current.get("outcome") != Outcome.RUNNING
-        or current.get("host") != socket.gethostname()
-        or not pid
-        or not alive(pid)
-    ):
-        raise UsageError(
-            f"run {run['spec']['run_id']} is not running on this machine (status "
-            f"{run.get('status')}); start it with `spotbook run` or `spotbook resume`, then drill"
-        )
-    recorded, now = current.get("process_started"), process_started(pid)
-    if recorded is not None and now is not None and abs(float(recorded) - now) > 2.0:
-        # the runner died and its pid was reused: never signal a stranger
-        raise UsageError(
-            f"run {run['spec']['run_id']} is not running: its runner (pid {pid}) is gone and "
-            "that pid now belongs to another process; resume the run with `spotbook resume`"
-        )
+    runner = local_runner(store)
+    pid = runner.pid
     grace = float((run["spec"].get("limits") or {}).get("grace", Limits().grace))
-    n = int(current["attempt"])
+    n = runner.attempt
     t0 = time.monotonic()
     os.kill(pid, signal.SIGTERM)
     say(f"sent SIGTERM to the runner (pid {pid}, attempt {n})")

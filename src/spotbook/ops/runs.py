@@ -4,13 +4,16 @@ was submitted (``spotbook status``, ``cancel``, ``recover``)."""
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import RunNotFoundError, UsageError
-from .._models import RunStatus
-from .._status import ClusterView, RunReport, describe
+from .._models import Outcome, RunStatus, runner_mark
+from .._status import ClusterView, RunReport, alive, describe
 from ..kube.jobs import CANCELLED, JOB_RECORD, LIVE_STATES
 from ..kube.manifest import ANNOTATION_RUN_DIR
 from ..store.runstore import RunStore, is_url, resolve_run
@@ -311,3 +314,115 @@ def cluster_runs(
     except (ClusterError, UsageError) as exc:
         listing.errors.append(f"cluster: {exc}")
     return listing
+
+
+# -- runs on this machine -------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalRunner:
+    """The process on this machine that runs a run's current attempt."""
+
+    run_id: str
+    url: str
+    pid: int
+    attempt: int
+
+
+def local_runner(store: RunStore) -> LocalRunner:
+    """The runner of ``store``'s current attempt on this machine, proven to be it before
+    anyone signals it: the attempt record (sealed: checked with this machine's key) names
+    its host, boot and pid, and that process holds open the file every runner keeps for
+    its run (:func:`runner_mark`), so a record naming another process is refused."""
+    from ..attempt.environment import boot_id
+
+    run = store.unseal()
+    run_id = str(run["spec"]["run_id"])
+    attempts = store.attempts()
+    current = attempts[-1] if attempts else {}
+    if current.get("outcome") != Outcome.RUNNING:
+        raise UsageError(
+            f"run {run_id} is not running on this machine (status "
+            f"{describe(store)['status']}): nothing to stop or disrupt (`spotbook resume "
+            f"{store.url}` continues a stopped run)"
+        )
+    here = boot_id()
+    if current.get("host") != socket.gethostname() or (
+        current.get("boot_id") and here and current.get("boot_id") != here
+    ):
+        raise UsageError(
+            f"run {run_id} runs on another machine ({current.get('host')}, or before this "
+            "machine restarted): stop it there"
+        )
+    pid = current.get("pid")
+    if not isinstance(pid, int) or pid <= 1 or not alive(pid) or not _holds(pid, run_id):
+        raise UsageError(
+            f"run {run_id} is not running: the process its attempt {current.get('attempt')} "
+            f"names (pid {pid}) is not its runner (killed without notice?); `spotbook resume "
+            f"{store.url}` continues it"
+        )
+    return LocalRunner(run_id=run_id, url=store.url, pid=pid, attempt=int(current["attempt"]))
+
+
+def _holds(pid: int, run_id: str) -> bool:
+    """Whether process ``pid`` holds the run's mark file open."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            target = os.readlink(os.path.join(fds, name))
+        except OSError:
+            continue
+        if os.path.basename(target) == runner_mark(run_id):
+            return True
+    return False
+
+
+def stop_local_run(run: str | RunStore, timeout: float) -> tuple[LocalRunner, bool]:
+    """Stop a run running on this machine as Ctrl-C would (the user's stop: progress
+    saved, resumable, no preemption counted); wait up to ``timeout`` seconds for its
+    runner to end. Returns the runner and whether it ended."""
+    store = _store(run, None, None)
+    runner = local_runner(store)
+    os.kill(runner.pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    rel = f"attempts/{runner.attempt:04d}.json"
+    while time.monotonic() < deadline:
+        ended = (store.read_json(rel) or {}).get("outcome") != Outcome.RUNNING
+        if ended or not alive(runner.pid):
+            return runner, True
+        time.sleep(0.1)  # a poll of the runner's record: the period decides nothing
+    return runner, False
+
+
+def run_outputs(run: str | RunStore, follow: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A run's cell outputs from its store's records, in cell order, as ``(kind,
+    content)`` with a start and an end item around each cell (papermill's --log-output
+    separators); with ``follow``, waits for the cells still to come while an attempt
+    runs. Reads sealed records only."""
+    from ..attempt.cells import CELL_END, CELL_START
+
+    store = _store(run, None, None)
+    store.unseal()
+    shown = -1
+    while True:
+        records, _ = store.records_and_notes()
+        # an attempt commits its cells in order: what is new comes after what was shown
+        for index in sorted(i for i in records if i > shown):
+            record = records[index]
+            yield CELL_START, {"index": index}
+            for out in record.get("outputs") or []:
+                if isinstance(out, dict):
+                    yield str(out.get("output_type", "")), out
+            yield CELL_END, {"index": index}
+            shown = index
+        if not follow:
+            return
+        attempts = store.attempts()
+        if not attempts or attempts[-1].get("outcome") != Outcome.RUNNING:
+            records, _ = store.records_and_notes()
+            if not any(i > shown for i in records):
+                return
+            continue
+        time.sleep(0.5)  # a poll of the store for the next record
