@@ -151,6 +151,13 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["SPOTBOOK_CACHE_DIR"] = tempfile.mkdtemp(prefix="spotbook-cache-")
 
 
+@pytest.fixture(autouse=True)
+def _own_index_of_runs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -> None:
+    """Each test its own index of runs (the user's data directory), never the tester's
+    ~/.local/share: `spotbook runs` and run ids then see only the test's own runs."""
+    monkeypatch.setenv("SPOTBOOK_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The fidelity matrix's count: cases (patterns x kill points) identical, named, failed;
     and the tamper suite's: attacks refused."""

@@ -38,6 +38,7 @@ from .attempt.progress import ProgressBar
 from .attempt.runner import Runner, RunResult
 from .notebook import document as nbs
 from .notebook.parameters import Parameter, inspect_source
+from .store.index import note_run
 from .store.integrity import Key, load_key
 from .store.runstore import (
     RunStore,
@@ -348,6 +349,7 @@ def prepare_run(
     )
     if identity is not None and not is_url(url):
         _note_identity(url, identity, spec.run_id)
+    note_run(store.url, spec.run_id)  # `spotbook runs` finds it, from any folder
     if restart:
         store.claim_attempt(
             AttemptRecord(outcome=Outcome.RESTART.value, resumed_from=0, restart=True)

@@ -34,7 +34,7 @@ from .._models import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from .parser import SWEEP_VERBS, build_parser
+from .parser import RUNS_VERBS, SWEEP_VERBS, build_parser
 
 log = logging.getLogger("spotbook")
 
@@ -70,6 +70,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("run", "_cmd_resume"),
     "status": ("status", "_cmd_status"),
     "runs": ("status", "_cmd_runs"),
+    "runs-rm": ("status", "_cmd_runs_rm"),
+    "runs-gc": ("status", "_cmd_runs_gc"),
     "worker": ("run", "_cmd_worker"),
     "submit": ("cluster", "_cmd_submit"),
     "logs": ("cluster", "_cmd_logs"),
@@ -106,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if len(words) > 1 and words[0] == "sweep" and words[1] in SWEEP_VERBS:
         words = [f"sweep-{words[1]}", *words[2:]]  # `sweep status URL`, not a notebook
+    if len(words) > 1 and words[0] == "runs" and words[1] in RUNS_VERBS:
+        words = [f"runs-{words[1]}", *words[2:]]
     args = parser.parse_args(words)
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(format="spotbook: %(message)s", stream=sys.stderr)

@@ -393,6 +393,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 SWEEP_VERBS = ("resume", "status", "results")
+RUNS_VERBS = ("rm", "gc")
 
 
 def _add_sweep_parsers(sub: Any) -> None:
@@ -693,8 +694,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_parsers(sub)
     _add_economics_parsers(sub)
     _add_view_parsers(sub)
-    runs = sub.add_parser("runs", help="list runs: local ones, or the cluster's with --cluster")
+    runs = sub.add_parser(
+        "runs",
+        help="list runs: every run this user started on this machine (wherever its store "
+        "is) and this folder's, or the cluster's Jobs with --cluster (also: runs rm RUN..., "
+        "runs gc --keep N --older-than D)",
+    )
+    runs.add_argument("--json", action="store_true", help="each run's `status --json`")
+    runs.add_argument(
+        "--status",
+        metavar="STATUS",
+        help="only runs with this status (running, interrupted, succeeded, failed, ...)",
+    )
+    runs.add_argument(
+        "--since", metavar="DURATION", help="only runs started in the last DURATION (6h, 2d)"
+    )
     runs.add_argument("--cluster", action="store_true", help="list the Jobs spotbook made")
+    rm = sub.add_parser(
+        "runs-rm",
+        prog="spotbook runs rm",
+        description="Delete runs' stores and their entries in the index of runs (never a "
+        "running one, nor a submitted one its Job may still start).",
+    )
+    rm.add_argument("runs", nargs="+", metavar="RUN", help="run id or run store URL")
+    gc = sub.add_parser(
+        "runs-gc",
+        prog="spotbook runs gc",
+        description="Delete the runs `spotbook runs` lists beyond a retention rule: all but "
+        "the newest --keep N, only those started --older-than DURATION ago; never a running "
+        "one.",
+    )
+    gc.add_argument("--keep", type=int, metavar="N", help="keep the newest N runs")
+    gc.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        help="delete only runs started at least this long ago (30d, 12h)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     runs.add_argument("-A", "--all-namespaces", action="store_true")
     _add_cluster_flags(runs)
     wk = sub.add_parser(

@@ -6,12 +6,23 @@ import argparse
 import datetime
 import json
 import logging
+import sys
+import time
 from typing import Any
 
+from .._errors import SpotbookError
 from .._models import AttemptRecord, NoticeCell
-from .._status import local_runs
 from ..kube.manifest import ANNOTATION_RUN_DIR
-from ..ops.runs import cluster_for, run_status
+from ..ops.runs import (
+    cluster_for,
+    gc_runs,
+    list_runs,
+    open_run,
+    remove_run,
+    run_seconds,
+    run_status,
+    started_at,
+)
 
 log = logging.getLogger("spotbook")
 
@@ -165,17 +176,76 @@ def _attempt_details(a: AttemptRecord) -> list[str]:
 def _cmd_runs(args: argparse.Namespace) -> int:
     if args.cluster:
         return _cluster_runs(args)
-    runs = local_runs()
-    if not runs:
-        print("no runs under ./.spotbook/runs (start one with `spotbook run NOTEBOOK`)")
+    since = None
+    if args.since is not None:
+        from ..kube.manifest import parse_duration
+
+        since = time.time() - parse_duration(args.since, "--since")
+    listing = list_runs(status=args.status, since=since)
+    for error in listing.errors:
+        log.warning("cannot read %s", error)
+    if args.json:
+        print(json.dumps(listing.runs, indent=2, sort_keys=True))
         return 0
-    print(f"{'RUN':<24} {'STATUS':<12} {'CELLS':>9} {'TRIES':>5}  SOURCE")
-    for r in runs:
-        cells = f"{r['cells_done']}/{r['cells_total']}"
+    if not listing.runs:
+        which = " matching" if args.status or args.since else ""
         print(
-            f"{r['run_id']:<24} {r['status']:<12} {cells:>9} {len(r['attempts']):>5}  {r['source']}"
+            f"no{which} runs (in this folder's .spotbook/runs, nor any run this user started on "
+            "this machine; start one with `spotbook run NOTEBOOK`)"
+        )
+        return 0
+    print(
+        f"{'RUN':<24} {'STATUS':<12} {'CELLS':>7} {'STARTED':<19} {'TOOK':>8} "
+        f"{'TRIES':>5} {'PREEMPT':>7}  {'PARAMETERS':<24}  STORE"
+    )
+    for r in listing.runs:
+        cells = f"{r['cells_done']}/{r['cells_total']}"
+        took = run_seconds(r)
+        params = " ".join(f"{k}={v!r}" for k, v in r["parameters"].items())
+        params = params if len(params) <= 24 else params[:23] + "…"
+        print(
+            f"{r['run_id']:<24} {r['status']:<12} {cells:>7} {_when(started_at(r)):<19} "
+            f"{_took(took):>8} {len(r['attempts']):>5} {r['preemptions']:>7}  "
+            f"{params or '-':<24}  {r['run_dir']}"
         )
     return 0
+
+
+def _cmd_runs_rm(args: argparse.Namespace) -> int:
+    failed = 0
+    for run in args.runs:
+        try:
+            gone = remove_run(open_run(run))
+        except SpotbookError as exc:
+            print(f"spotbook: error: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"spotbook: removed run {gone.run_id} ({gone.url})", file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _cmd_runs_gc(args: argparse.Namespace) -> int:
+    from ..kube.manifest import parse_duration
+
+    older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
+    gone, skipped = gc_runs(keep=args.keep, older_than=older, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for r in gone:
+        print(f"spotbook: {verb} run {r.run_id} ({r.url})", file=sys.stderr)
+    for why in skipped:
+        print(f"spotbook: kept {why}", file=sys.stderr)
+    print(f"spotbook: {verb} {len(gone)} run(s)", file=sys.stderr)
+    return 0
+
+
+def _took(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def _cluster_runs(args: argparse.Namespace) -> int:

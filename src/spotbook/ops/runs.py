@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._errors import RunNotFoundError, UsageError
+from .._errors import RunNotFoundError, SpotbookError, UsageError
 from .._models import Outcome, RunStatus, runner_mark
 from .._status import ClusterView, RunReport, alive, describe
 from ..kube.jobs import CANCELLED, JOB_RECORD, LIVE_STATES
@@ -426,3 +426,124 @@ def run_outputs(run: str | RunStore, follow: bool = False) -> Iterator[tuple[str
                 return
             continue
         time.sleep(0.5)  # a poll of the store for the next record
+
+
+# -- every run this user made ----------------------------------------------------------
+def started_at(doc: RunReport) -> float | None:
+    """When the run's first attempt began (None before any did)."""
+    times = [float(a["started"]) for a in doc["attempts"] if a.get("started")]
+    return min(times) if times else None
+
+
+def run_seconds(doc: RunReport, now: float | None = None) -> float | None:
+    """From the first attempt's start to the last one's end (or now, while it runs)."""
+    first = started_at(doc)
+    if first is None:
+        return None
+    ends = [float(a.get("ended") or 0.0) for a in doc["attempts"]]
+    running = doc["attempts"][-1].get("outcome") == Outcome.RUNNING
+    end = (now or time.time()) if running else max(ends, default=0.0)
+    return max(0.0, end - first) if end else None
+
+
+def list_runs(
+    base: str = ".", *, status: str | None = None, since: float | None = None
+) -> RunListing:
+    """Every run this user made on this machine, newest first: those under
+    ``base/.spotbook/runs`` and those the index of runs names (``--run-dir`` runs, sweep
+    points, submitted runs, library calls, wherever their stores are); ``status`` keeps
+    those with that status, ``since`` those whose first attempt began at or after that
+    time (a ``time.time()`` value). A store that cannot be read is named in ``errors``."""
+    from .._status import local_runs
+    from ..store.index import indexed_runs
+
+    listing = RunListing("this machine", [], [], [])
+    seen: set[str] = set()
+    for doc in local_runs(os.path.abspath(base)):
+        seen.add(doc["run_dir"])
+        listing.runs.append(doc)
+    for entry in indexed_runs():
+        url = str(entry["url"])
+        if url in seen:
+            continue
+        seen.add(url)
+        try:
+            store = RunStore(url)
+            if not store.exists("run.json"):
+                continue  # deleted since: nothing to list
+            listing.runs.append(describe(store))
+        except Exception as exc:  # a store out of reach or broken: named, not fatal
+            listing.errors.append(f"{url}: {exc}")
+    if status is not None:
+        listing.runs = [d for d in listing.runs if d["status"] == status]
+    if since is not None:
+        listing.runs = [d for d in listing.runs if (started_at(d) or 0.0) >= since]
+    listing.runs.sort(key=lambda d: d["run_id"], reverse=True)
+    return listing
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A run whose store ``remove_run`` deleted."""
+
+    run_id: str
+    url: str
+
+
+def _removable(doc: RunReport, submitted: bool) -> None:
+    """Refuse (UsageError) to delete a run that runs, or whose Job may still start it."""
+    live = doc["status"] == RunStatus.RUNNING or (
+        submitted and doc["status"] in (RunStatus.PENDING, RunStatus.INTERRUPTED)
+    )
+    if live:
+        raise UsageError(
+            f"run {doc['run_id']} is {doc['status']}: stop it first (`spotbook cancel "
+            f"{doc['run_dir']}`), then remove it"
+        )
+
+
+def remove_run(run: str | RunStore) -> Removed:
+    """Delete a run's store (never one that runs, nor a submitted one its Job may still
+    start) and its entry in the index of runs."""
+    from ..store.index import forget_run
+
+    store = _store(run, None, None)
+    doc = describe(store)
+    _removable(doc, store.exists(JOB_RECORD))
+    store.delete()
+    forget_run(doc["run_id"])
+    return Removed(run_id=doc["run_id"], url=store.url)
+
+
+def gc_runs(
+    *, keep: int | None = None, older_than: float | None = None, dry_run: bool = False
+) -> tuple[list[Removed], list[str]]:
+    """Delete the runs ``list_runs`` finds beyond a retention rule: all but the newest
+    ``keep``, and (if given) only those whose first attempt began ``older_than`` seconds
+    ago or more; never a running one. Returns what was (with ``dry_run``: would be)
+    removed, and what could not be (named, with why)."""
+    if keep is None and older_than is None:
+        raise UsageError("gc needs a retention rule: --keep N, --older-than DURATION, or both")
+    if keep is not None and keep < 0:
+        raise UsageError("--keep must be zero or more")
+    now = time.time()
+    listing = list_runs()
+    done: list[Removed] = []
+    skipped = list(listing.errors)
+    for n, doc in enumerate(listing.runs):
+        if keep is not None and n < keep:
+            continue
+        first = started_at(doc)
+        if older_than is not None and first is not None and now - first < older_than:
+            continue
+        if doc["status"] == RunStatus.RUNNING:
+            skipped.append(f"{doc['run_id']}: running")
+            continue
+        if dry_run:
+            done.append(Removed(run_id=doc["run_id"], url=doc["run_dir"]))
+            continue
+        try:
+            done.append(remove_run(RunStore(doc["run_dir"])))
+        except SpotbookError as exc:
+            skipped.append(f"{doc['run_id']}: {exc}")
+    return done, skipped

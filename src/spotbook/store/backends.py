@@ -114,6 +114,11 @@ class Backend:
     def exists(self, path: str, what: str) -> bool:
         raise NotImplementedError
 
+    def delete_all(self) -> None:
+        """Delete the whole store (``spotbook runs rm``, ``gc``)."""
+        with self.translate("delete the run store"):
+            self.fs.rm(self.root, recursive=True)
+
     def names(self, path: str, what: str) -> list[str]:
         """Names directly under ``path``, fresh (another attempt may just have written)."""
         raise NotImplementedError
@@ -331,6 +336,12 @@ class LocalBackend(Backend):
     def discard_dir(self, path: str) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
+
+    def delete_all(self) -> None:
+        with self.translate("delete the run store"):
+            if os.path.islink(self.root) or not os.path.isdir(self.root):
+                raise UsageError(f"{self.url} is not a run store's folder; nothing deleted")
+            shutil.rmtree(self.root)
 
 
 class ObjectBackend(Backend):

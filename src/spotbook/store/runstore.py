@@ -107,12 +107,18 @@ def library_runs_dir() -> str:
 
 
 def resolve_run(run: str, base: str = ".") -> str:
-    """A run id or URL/path to the run store's URL."""
+    """A run id or URL/path to the run store's URL: an id is looked for under
+    ``base/.spotbook/runs``, then in the user's index of runs (any folder, any bucket)."""
     if is_url(run):
         return run
     if os.sep in run or os.path.isdir(run):
         return os.path.abspath(run)
-    return os.path.abspath(os.path.join(base, LOCAL_RUNS, run))
+    here = os.path.abspath(os.path.join(base, LOCAL_RUNS, run))
+    if os.path.isdir(here):
+        return here
+    from .index import find_indexed
+
+    return find_indexed(run) or here
 
 
 def _fs(url: str) -> tuple[Any, str]:
@@ -389,6 +395,10 @@ class RunStore:
             )
         log.warning("%s; resuming it because %s=1", why, LEGACY_ENV)
         return LegacySeal(key, run_id, self.url)
+
+    def delete(self) -> None:
+        """Delete the run store and everything in it."""
+        self.backend.delete_all()
 
     def discard_checkpoint_files(self) -> None:
         """After --restart: a local store's checkpoint directory starts empty (object
