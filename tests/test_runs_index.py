@@ -110,3 +110,26 @@ def test_rm_and_gc_delete_old_runs_but_never_a_running_one(tmp_path: Path) -> No
     assert r.returncode == 2 and "no spotbook run" in r.stderr, r.stderr  # the one it could not
     assert not (tmp_path / "live").exists() and _ids(tmp_path) == []
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("where", ["run.json", "cells/a0001.jsonl", "attempts/0001.json"])
+def test_a_fifo_in_a_store_is_refused_never_waited_on(tmp_path: Path, where: str) -> None:
+    """A writer of a local store plants a FIFO where a file belongs: every command that
+    reads it says so (exit 2) instead of waiting for a writer that never comes, and
+    `runs` lists the other runs and names the bad store."""
+    _notebook(tmp_path / "nb.ipynb", "print(x)")
+    for rd in ("good", "bad"):
+        r = cli("run", "nb.ipynb", "--run-dir", rd, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    good = _ids(tmp_path)
+    (tmp_path / "bad" / where).unlink()
+    os.mkfifo(tmp_path / "bad" / where)
+    for argv in (["status", "bad"], ["resume", "bad"], ["logs", "bad"]):
+        r = cli(*argv, cwd=tmp_path, timeout=60)  # a hang fails here
+        assert r.returncode == 2, (argv, r.stderr)
+        assert f"bad/{where} is a FIFO" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = cli("runs", "--json", cwd=tmp_path, timeout=60)
+    assert r.returncode == 0 and f"bad/{where} is a FIFO" in r.stderr, r.stderr
+    assert [d["run_id"] for d in json.loads(r.stdout)] == [
+        i for i in good if (tmp_path / "good" / "run.json").read_text().count(i)
+    ]

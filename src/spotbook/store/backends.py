@@ -22,6 +22,7 @@ import os
 import random
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -247,7 +248,8 @@ class LocalBackend(Backend):
     def read(self, path: str, what: str) -> bytes:
         with self.translate(what):
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                # non-blocking: a FIFO's open would wait for a writer that never comes
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError as exc:
                 if os.path.islink(path):
                     rel = os.path.relpath(path, self.root)
@@ -257,7 +259,19 @@ class LocalBackend(Backend):
                     ) from exc
                 raise
             with os.fdopen(fd, "rb") as fh:
+                self._plain(fd, path)
                 return fh.read()
+
+    def _plain(self, fd: int, path: str) -> None:
+        """Refuse what is not a plain file: a FIFO would hold the reader (or writer)
+        forever, a device could be read without end."""
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+            raise StoreIntegrityError(
+                f"{self.url}/{os.path.relpath(path, self.root)} is {kind}, not a plain file; "
+                "a run store holds plain files only, so it was not used"
+            )
 
     def exists(self, path: str, what: str) -> bool:
         return os.path.exists(path)
@@ -286,9 +300,24 @@ class LocalBackend(Backend):
             fd = self._fds.get(path)
             if fd is None:
                 self._dirs(path, what)
-                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                fd = self._fds[path] = os.open(path, flags, 0o600)
-                os.fchmod(fd, 0o600)
+                flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                try:
+                    fd = os.open(path, flags, 0o600)
+                except OSError as exc:
+                    if exc.errno != errno.ENXIO:
+                        raise
+                    raise StoreIntegrityError(  # ENXIO: a FIFO nobody reads
+                        f"{self.url}/{os.path.relpath(path, self.root)} is a FIFO, not a "
+                        "plain file; a run store holds plain files only, so it was not used"
+                    ) from exc
+                try:
+                    self._plain(fd, path)
+                    os.set_blocking(fd, True)
+                    os.fchmod(fd, 0o600)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fds[path] = fd
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
