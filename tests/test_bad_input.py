@@ -190,6 +190,8 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("simulate --interval inf", {}, ["simulate", "--from", "rd", "--interval", "inf"], 2, "--interval must be a positive, finite", "none"),
     ("--stdout-file in a missing folder", {"in.ipynb": nb()}, [*RUN, "--stdout-file", "missing/x.txt"], 2, "does not exist; make it first", "none"),
     ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
+    ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
+    ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
     ("--run-dir where no folder can be made", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--run-dir", "/proc/self/x"], 2, "give --run-dir a directory", "none"),
 ]
 # fmt: on

@@ -57,8 +57,9 @@ def test_runs_lists_every_run_this_user_started_from_any_folder(tmp_path: Path) 
     row_a = next(line for line in r.stdout.splitlines() if line.startswith(run_a))
     assert "succeeded" in row_a and "x=2" in row_a and str(a / "rd") in row_a, r.stdout
     header = r.stdout.splitlines()[0].split()
-    assert header[:5] == ["RUN", "STATUS", "CELLS", "STARTED", "TOOK"]
-    assert header[5:8] == ["TRIES", "PREEMPT", "PARAMETERS"]
+    assert header[:6] == ["RUN", "NAME", "STATUS", "CELLS", "STARTED", "TOOK"]
+    assert header[6:9] == ["TRIES", "PREEMPT", "PARAMETERS"]
+    assert row_a.split()[1] == "rd"  # a --run-dir run is named by its folder
     # a run id works from any folder (the README's `spotbook status r1`)
     r = cli("status", run_b, "--json", cwd=elsewhere)
     assert r.returncode == 0 and json.loads(r.stdout)["run_dir"].startswith(str(b)), r.stderr
@@ -133,3 +134,24 @@ def test_a_fifo_in_a_store_is_refused_never_waited_on(tmp_path: Path, where: str
     assert [d["run_id"] for d in json.loads(r.stdout)] == [
         i for i in good if (tmp_path / "good" / "run.json").read_text().count(i)
     ]
+
+
+def test_a_named_run_is_found_by_its_name_from_any_folder(tmp_path: Path) -> None:
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    _notebook(here / "nb.ipynb", "print(x)")
+    r = cli("run", "nb.ipynb", "out.ipynb", "--name", "exp1", "-p", "x", "3", cwd=here)
+    assert r.returncode == 0, r.stderr
+    assert (here / ".spotbook" / "runs" / "exp1" / "run.json").exists()
+    run_id = json.loads((here / ".spotbook/runs/exp1/run.json").read_text())["spec"]["run_id"]
+    r = cli("status", "exp1", "--json", cwd=elsewhere)
+    assert r.returncode == 0 and json.loads(r.stdout)["run_id"] == run_id, r.stderr
+    r = cli("runs", cwd=elsewhere)
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith(run_id)]
+    assert row.split()[1] == "exp1" and "x=3" in row, r.stdout
+    r = cli("logs", "exp1", cwd=elsewhere)
+    assert r.returncode == 0 and "\n3\n" in r.stdout, r.stdout
+    # the same --name again is the same run (it finished: OUTPUT is written again)
+    r = cli("run", "nb.ipynb", "out.ipynb", "--name", "exp1", "-p", "x", "3", cwd=here)
+    assert r.returncode == 0 and run_id in r.stderr, r.stderr

@@ -77,6 +77,8 @@ class RunReport(TypedDict):
     downtime: dict[str, Any]  # what each preemption cost, and the totals (``downtime``)
     # the cell running now (its index in the notebook), while the run runs
     current_cell: NotRequired[int]
+    # its store's folder name where that is not its id (`run --name`, `--run-dir`)
+    name: NotRequired[str]
     cluster: NotRequired[dict[str, Any]]  # the Job and its pods (``kube.jobs.job_view``)
     # the run was moved to on-demand nodes: when and why (``ops.fallback``)
     fallback: NotRequired[dict[str, Any]]

@@ -587,6 +587,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a notebook (papermill's flags), saving progress")
     _add_run_flags(run, pipes=True)
     _add_allow_errors(run)
+    run.add_argument(
+        "--name",
+        metavar="NAME",
+        help="name the run: its store is .spotbook/runs/NAME, every command takes NAME "
+        "(from any folder), and the same --name again continues it",
+    )
     ins = sub.add_parser(
         "inspect",
         help="the notebook's parameters: names, types, defaults, help (papermill's "

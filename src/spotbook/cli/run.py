@@ -31,7 +31,7 @@ from ..attempt.progress import ProgressBar
 from ..attempt.runner import Runner, RunResult
 from ..kube.jobs import CANCELLED
 from ..notebook.parameters import Parameter, collect_parameters
-from ..store.runstore import RunStore, resolve_run
+from ..store.runstore import LOCAL_RUNS, RunStore, resolve_run
 from .parser import snapshot_policy
 
 log = logging.getLogger("spotbook")
@@ -188,9 +188,29 @@ def _stdin_notebook(args: argparse.Namespace) -> Any:
     return doc
 
 
+def _named(args: argparse.Namespace) -> None:
+    """--name NAME: the run's store is .spotbook/runs/NAME."""
+    from ..store.index import valid_name
+
+    name = getattr(args, "name", None)
+    if name is None:
+        return
+    if args.run_dir:
+        raise UsageError(
+            "give --name or --run-dir, not both (--name puts the run in .spotbook/runs/NAME)"
+        )
+    if not valid_name(name):
+        raise UsageError(
+            f"--name {name!r}: letters, digits, '.', '_' and '-', starting with a letter or "
+            "a digit, at most 64 characters"
+        )
+    args.run_dir = os.path.join(LOCAL_RUNS, name)
+
+
 def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> RunStore:
     """Freeze the parameterised notebook into its run store (run and submit)."""
     _check_engine(args)
+    _named(args)
     return prepare_run(
         _stdin_notebook(args),
         None if args.output == "-" else args.output,

@@ -195,7 +195,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         )
         return 0
     print(
-        f"{'RUN':<24} {'STATUS':<12} {'CELLS':>7} {'STARTED':<19} {'TOOK':>8} "
+        f"{'RUN':<24} {'NAME':<16} {'STATUS':<12} {'CELLS':>7} {'STARTED':<19} {'TOOK':>8} "
         f"{'TRIES':>5} {'PREEMPT':>7}  {'PARAMETERS':<24}  STORE"
     )
     for r in listing.runs:
@@ -204,7 +204,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         params = " ".join(f"{k}={v!r}" for k, v in r["parameters"].items())
         params = params if len(params) <= 24 else params[:23] + "…"
         print(
-            f"{r['run_id']:<24} {r['status']:<12} {cells:>7} {_when(started_at(r)):<19} "
+            f"{r['run_id']:<24} {r.get('name', '-'):<16} {r['status']:<12} {cells:>7} "
+            f"{_when(started_at(r)):<19} "
             f"{_took(took):>8} {len(r['attempts']):>5} {r['preemptions']:>7}  "
             f"{params or '-':<24}  {r['run_dir']}"
         )

@@ -455,7 +455,7 @@ def list_runs(
     those with that status, ``since`` those whose first attempt began at or after that
     time (a ``time.time()`` value). A store that cannot be read is named in ``errors``."""
     from .._status import local_runs
-    from ..store.index import indexed_runs
+    from ..store.index import indexed_runs, name_of
 
     listing = RunListing("this machine", [], [], [])
     seen: set[str] = set()
@@ -474,6 +474,10 @@ def list_runs(
             listing.runs.append(describe(store))
         except Exception as exc:  # a store out of reach or broken: named, not fatal
             listing.errors.append(f"{url}: {exc}")
+    for doc in listing.runs:
+        name = name_of(doc["run_dir"], doc["run_id"])
+        if name is not None:
+            doc["name"] = name
     if status is not None:
         listing.runs = [d for d in listing.runs if d["status"] == status]
     if since is not None:

@@ -30,6 +30,11 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_ENTRY = 64 << 10
 
 
+def valid_name(name: str) -> bool:
+    """Whether ``name`` may name a run (``run --name``): it is a folder's name too."""
+    return bool(_NAME.fullmatch(name)) and len(name) <= 64 and name not in (".", "..")
+
+
 def index_dir() -> str:
     """The folder of the index's entries."""
     base = os.environ.get(DATA_ENV) or os.path.join(
@@ -81,12 +86,26 @@ def indexed_runs() -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: (e["run_id"], e["noted"]), reverse=True)
 
 
-def find_indexed(run_id: str) -> str | None:
-    """The store URL of run ``run_id`` as the index has it; None if it has no entry."""
-    if not _NAME.fullmatch(run_id):
+def find_indexed(run: str) -> str | None:
+    """The store URL of the run whose id, or else whose name (the store's folder name,
+    as ``run --name`` gives it), is ``run``, as the index has it; the newest of the
+    same name; None if no entry matches."""
+    if not _NAME.fullmatch(run):
         return None
-    entry = _read_entry(os.path.join(index_dir(), f"{run_id}.json"))
-    return None if entry is None else str(entry["url"])
+    entry = _read_entry(os.path.join(index_dir(), f"{run}.json"))
+    if entry is not None:
+        return str(entry["url"])
+    for entry in indexed_runs():
+        if name_of(str(entry["url"]), str(entry["run_id"])) == run:
+            return str(entry["url"])
+    return None
+
+
+def name_of(url: str, run_id: str) -> str | None:
+    """A run's name: its store's folder name where that is not its id (``run --name``,
+    ``--run-dir``); None where the folder is named by the id."""
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    return None if name == run_id or not name else name
 
 
 def _read_entry(path: str) -> dict[str, Any] | None:
