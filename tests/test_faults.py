@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -504,3 +505,37 @@ def test_ctrl_c_is_the_users_stop_not_a_preemption(work: Path, place: Place) -> 
     assert doc["preemptions"] == 1 and len(doc["downtime"]["preemptions"]) == 0  # no next yet
     r = cli("resume", place.rd, cwd=work, env=place.env)
     assert r.returncode != 0 and "--max-preemptions" in r.stderr, r.stderr
+
+
+def test_a_sigterm_in_the_first_instants_is_a_stop_with_75(tmp_path: Path) -> None:
+    """The SIGTERM comes while `spotbook run` still reads its notebook from stdin, before
+    any attempt exists: the process takes it (exit 75, as at any later instant), not the
+    default action (143); `resume` then runs the notebook. (The resume is not on a wiped
+    node: the subject is the signal's timing, and nothing ran before it.)"""
+    write_notebook(tmp_path / "nb.ipynb", "x = 1", "print(x + 1)")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spotbook", "run", "-", "out.ipynb", "--run-dir", "rd"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def takes_sigterm() -> bool:  # the handler is there: SigCgt has SIGTERM's bit
+        with open(f"/proc/{proc.pid}/status") as fh:
+            mask = next(line for line in fh if line.startswith("SigCgt:")).split()[1]
+        return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+    try:
+        wait_for(takes_sigterm, timeout=60, what="the SIGTERM handler")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate((tmp_path / "nb.ipynb").read_text(), timeout=120)
+    finally:
+        if proc.poll() is None:
+            kill(proc)
+    assert proc.returncode == 75, err
+    assert "stopped on SIGTERM after saving progress" in err and "Traceback" not in err, err
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "2" in json.dumps(json.loads((tmp_path / "out.ipynb").read_text())["cells"][1])

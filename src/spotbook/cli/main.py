@@ -103,9 +103,17 @@ def command(name: str) -> Callable[[argparse.Namespace], int]:
     return found
 
 
+# commands whose attempt takes a SIGTERM or SIGINT that comes before it starts as its notice
+_ATTEMPTS = ("run", "resume", "worker")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in _ATTEMPTS and argv is None:
+        from ..attempt.notice import catch_early
+
+        catch_early()  # before anything slow: a stop in the first instants is exit 75
+    parser = build_parser()
     if len(words) > 1 and words[0] == "sweep" and words[1] in SWEEP_VERBS:
         words = [f"sweep-{words[1]}", *words[2:]]  # `sweep status URL`, not a notebook
     if len(words) > 1 and words[0] == "runs" and words[1] in RUNS_VERBS:
