@@ -53,6 +53,7 @@ def job_options(args: argparse.Namespace) -> JobOptions:
     if args.backoff_limit < 0:
         raise UsageError("--backoff-limit must be zero or more")
     gpu_type, gpu_count = parse_gpu(args.gpu)
+    names: set[str] = set()  # the variables --env and --secret-env give the pod
     if args.max_preemptions is None:
         args.max_preemptions = DEFAULT_MAX_PREEMPTIONS
     return JobOptions(
@@ -67,8 +68,8 @@ def job_options(args: argparse.Namespace) -> JobOptions:
         memory=args.memory,
         work_storage=getattr(args, "work_storage", None) or "20Gi",
         service_account=args.service_account,
-        env=parse_env(args.env),
-        secret_env=parse_secret_env(args.secret_env),
+        env=parse_env(args.env, names),
+        secret_env=parse_secret_env(args.secret_env, names),
         env_from_secrets=tuple(args.env_from_secret),
         key_secret=args.key_secret or DEFAULT_KEY_SECRET,
         queue=args.queue,

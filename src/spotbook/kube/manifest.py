@@ -265,12 +265,47 @@ def parse_duration(text: str, flag: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
-def parse_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+# variables the pod's container gets from spotbook itself (``job_manifest``): a second
+# entry from --env or --secret-env would silently override or shadow them
+RESERVED_ENV = frozenset(
+    {
+        "SPOTBOOK_RUN_DIR",
+        "SPOTBOOK_IMAGE",
+        SWEEP_ENV,
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "NODE_NAME",
+        "HOME",
+        "TMPDIR",
+        "SPOTBOOK_RUN_TMP",
+        "SPOTBOOK_PROVIDER",
+        "SPOTBOOK_CAPACITY",
+        "SPOTBOOK_SNAPSHOT_KEY_FILE",
+        "SPOTBOOK_SNAPSHOT_KEY",
+    }
+)
+
+
+def _free_name(flag: str, item: str, name: str, seen: set[str]) -> None:
+    if name in RESERVED_ENV:
+        raise UsageError(
+            f"{flag} {item!r}: spotbook sets {name} in the pod itself (the run store, the "
+            "work directory, the key: see docs/kubernetes.md); use another name"
+            + (" (the run key goes in --key-secret)" if "KEY" in name else "")
+        )
+    if name in seen:
+        raise UsageError(f"{flag} {item!r}: {name} is given twice (--env and --secret-env)")
+    seen.add(name)
+
+
+def parse_env(items: list[str], seen: set[str] | None = None) -> tuple[tuple[str, str], ...]:
     out = []
+    seen = set() if seen is None else seen
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not _ENV_NAME.match(name):
             raise UsageError(f"--env {item!r}: give NAME=VALUE")
+        _free_name("--env", item, name, seen)
         out.append((name, value))
     return tuple(out)
 
@@ -280,9 +315,12 @@ def secret_looking(names: list[str]) -> list[str]:
     return [n for n in names if _SECRET_LOOKING.search(n)]
 
 
-def parse_secret_env(items: list[str]) -> tuple[tuple[str, str, str], ...]:
-    """``NAME=SECRET:KEY`` items of --secret-env."""
+def parse_secret_env(
+    items: list[str], seen: set[str] | None = None
+) -> tuple[tuple[str, str, str], ...]:
+    """``NAME=SECRET:KEY`` items of --secret-env (``seen``: the names --env took)."""
     out = []
+    seen = set() if seen is None else seen
     for item in items:
         name, sep, ref = item.partition("=")
         secret, colon, key = ref.partition(":")
@@ -293,6 +331,7 @@ def parse_secret_env(items: list[str]) -> tuple[tuple[str, str, str], ...]:
             )
         if not _DNS_SUBDOMAIN.match(secret):
             raise UsageError(f"--secret-env {item!r}: {secret!r} is not a valid Secret name")
+        _free_name("--secret-env", item, name, seen)
         out.append((name, secret, key))
     return tuple(out)
 
