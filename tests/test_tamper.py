@@ -300,6 +300,35 @@ def garbage_line(c: Copy) -> str:
     return "cells/a0001.jsonl, line 2"
 
 
+def run_json_nested_deep(c: Copy) -> str:
+    c.write("run.json", b"[" * 100_000 + b"]" * 100_000)  # the parser's stack, not a run
+    return "run.json is not valid JSON (nested too deeply)"
+
+
+def run_json_a_list(c: Copy) -> str:
+    c.write("run.json", b"[1, 2]")
+    return "run.json holds no run (a JSON list"
+
+
+def run_json_lone_surrogate(c: Copy) -> str:
+    doc = c.json("run.json")
+    doc["spec"]["source"] = "LONE"
+    c.write("run.json", json.dumps(doc).replace("LONE", "\\ud800").encode())
+    return "run.json is not valid JSON (not text"
+
+
+def record_lone_surrogate(c: Copy) -> str:
+    lines = c.lines()
+    c.set_lines([lines[0].replace(b'"completed"', b'"\\ud800"'), *lines[1:]])
+    return "cells/a0001.jsonl, line 1, is not a record"
+
+
+def record_nested_deep(c: Copy) -> str:
+    lines = c.lines()
+    c.set_lines([b"[" * 100_000 + b"]" * 100_000, *lines[1:]])
+    return "cells/a0001.jsonl, line 1, is not a record"
+
+
 def cells_from_other_run(c: Copy) -> str:
     other = RunStore(c.t.b)
     for name in other.names("cells"):
@@ -429,6 +458,11 @@ ATTACKS: dict[str, tuple[Callable[[Copy], str], tuple[str, ...], bool]] = {
     "middle record deleted": (middle_record_deleted, ("local", "s3"), True),
     "garbage line": (garbage_line, ("local",), True),
     "records of another run": (cells_from_other_run, ("local", "s3"), True),
+    "run.json nested deep": (run_json_nested_deep, ("local", "s3"), True),
+    "run.json a list": (run_json_a_list, ("local", "s3"), True),
+    "run.json with a lone surrogate": (run_json_lone_surrogate, ("local", "s3"), True),
+    "record with a lone surrogate": (record_lone_surrogate, ("local",), True),
+    "record nested deep": (record_nested_deep, ("local",), True),
     "snapshot after changed": (snapshot_after_changed, ("local", "s3"), True),
     "older snapshot over newer": (older_snapshot_over_newer, ("local", "s3"), True),
     "snapshot of another run": (snapshot_from_other_run, ("local", "s3"), True),

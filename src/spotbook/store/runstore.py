@@ -106,6 +106,22 @@ def library_runs_dir() -> str:
     return os.path.join(base, "runs")
 
 
+def parse_json(data: bytes) -> Any:
+    """A JSON document read from a store; ValueError for anything that is not one, or
+    that spotbook could not have written: nested too deeply for the parser's stack, or
+    holding a lone surrogate escape (no text: spotbook's writes encode UTF-8, and the
+    seal's canonical form cannot hold one)."""
+    try:
+        doc = json.loads(data)
+        if b"\\ud" in data or b"\\uD" in data:
+            json.dumps(doc, ensure_ascii=False).encode()
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeError as exc:  # a ValueError, but say which
+        raise ValueError(f"not text: {exc}") from None
+    return doc
+
+
 def resolve_run(run: str, base: str = ".") -> str:
     """A run id or URL/path to the run store's URL: an id is looked for under
     ``base/.spotbook/runs``, then in the user's index of runs (any folder, any bucket)."""
@@ -315,8 +331,8 @@ class RunStore:
         if data is None:
             return None
         try:
-            return json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return parse_json(data)
+        except ValueError as exc:
             # retrying cannot help; a torn object is an accident or tampering, and either
             # way nothing in it may be used
             raise StoreIntegrityError(
@@ -329,7 +345,12 @@ class RunStore:
         data = self.read_json("run.json")
         if data is None:
             raise RunNotFoundError(f"no spotbook run at {self.url}; list runs with `spotbook runs`")
-        assert isinstance(data, dict)
+        if not isinstance(data, dict):
+            raise StoreIntegrityError(
+                f"{self.url}/run.json holds no run (a JSON {type(data).__name__}, not an "
+                "object); it was not used. Inspect the store, or start the run over with "
+                "`spotbook run ... --restart`"
+            )
         return data
 
     # -- the seal ----------------------------------------------------------------
@@ -581,7 +602,7 @@ class RunStore:
         out: list[dict[str, Any]] = []
         for i, line in enumerate(lines):
             try:
-                rec = json.loads(line)
+                rec = parse_json(line)
             except ValueError:
                 if self.seal is not None and i < len(lines) - 1 and not self.seal.legacy:
                     # only the last line can be torn (a killed writer); the empty tail
