@@ -195,6 +195,19 @@ def test_dashboard_guards(stores: Path) -> None:
     assert c.get("/run/..%2F..%2Fetc", base_url="http://127.0.0.1:9").status_code == 404
     r = cli("ui", "--host", "0.0.0.0", "--port", "0", cwd=stores)
     assert r.returncode == 2 and "--allow-remote" in r.stderr, r.stderr
+    # every loopback address is loopback (ui --host 127.0.0.2 once refused every request)
+    assert c.get("/api/runs?token=s3cret", base_url="http://127.0.0.2:9").status_code == 200
+    # an action is a POST from the dashboard's own page: a form or a script elsewhere
+    # (no header, or another Origin) is refused before anything is looked up
+    listing = c.get("/api/runs", base_url="http://127.0.0.1:9").get_json()
+    key = listing[0]["runs"][0]["key"]
+    for headers in ({}, {"X-Spotbook-Action": "1", "Origin": "http://evil.example"}):
+        r = c.post(f"/run/{key}/delete", base_url="http://127.0.0.1:9", headers=headers)
+        assert r.status_code == 403, headers
+    assert c.post(
+        f"/run/{key}/explode", base_url="http://127.0.0.1:9", headers={"X-Spotbook-Action": "1"}
+    ).get_json() == {"error": "no action 'explode': stop, resume or delete"}
+    assert len(list((stores / "runs").iterdir())) >= 4  # nothing deleted
 
 
 @pytest.fixture
@@ -366,3 +379,72 @@ def test_dashboard_in_chromium(
             g.touch()
         if live.poll() is None:
             kill(live)
+
+
+def test_dashboard_acts_on_a_run_in_a_narrow_window(
+    stores: Path, dashboard: tuple[str, subprocess.Popen[str]], browser: Any, tmp_path: Path
+) -> None:
+    """At 700 px wide, as a user drives it: the listing shows start, time taken and
+    parameters; on the run's page Stop stops the running run (the user's stop), Resume
+    continues it to the end, the .ipynb downloads, and Delete removes it."""
+    url, _ = dashboard
+    gate, started = stores / "act-gate", stores / "act-started"
+    write_notebook(
+        stores / "act.ipynb",
+        "print('before', n)",  # n: the injected parameter
+        f"import os, time\nopen({str(started)!r}, 'w').close()\n" + _gate(gate),
+        "print('after', n * 2)",
+    )
+    proc = start_cli("run", "act.ipynb", "--run-dir", "runs/act", "-p", "n", "4", cwd=stores)
+    try:
+        wait_for(started.exists, timeout=120, what="the gated cell")
+        run_id = json.loads((stores / "runs/act/run.json").read_text())["spec"]["run_id"]
+        ctx = browser.new_context(viewport={"width": 700, "height": 900})
+        requests: list[str] = []
+        ctx.on("request", lambda req: requests.append(req.url))
+        page = ctx.new_page()
+        page.goto(url)
+        row = page.locator(f"tr.run[data-run-id='{run_id}']")
+        assert row.locator("td.parameters").inner_text() == "n=4"
+        assert row.locator("td.started").inner_text() != "-"
+        assert page.evaluate("document.documentElement.scrollWidth") <= 700  # no sideways
+        row.locator("a").click()
+        page.wait_for_selector("#stop")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 700
+        page.screenshot(path=str(tmp_path / "act-running.png"), full_page=True)
+
+        page.click("#stop")
+        page.wait_for_function(
+            "() => /as Ctrl-C would/.test(document.querySelector('#said').textContent)"
+        )
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 75, err  # stopped, resumable
+        page.wait_for_function(
+            "() => document.querySelector('#status').textContent === 'interrupted'",
+            timeout=60_000,
+        )
+        gate.touch()
+        page.click("#resume")
+        page.wait_for_function(
+            "() => document.querySelector('#status').textContent === 'succeeded'",
+            timeout=120_000,
+        )
+        doc = status_json(str(stores / "runs/act"), stores)
+        assert [a["outcome"] for a in doc["attempts"]] == ["stopped", "completed"]
+        assert doc["preemptions"] == 0
+
+        with page.expect_download() as got:
+            page.click("#download")
+        nb = json.loads(Path(got.value.path()).read_text())
+        assert "after 8" in json.dumps(nb["cells"][-1]["outputs"])
+
+        page.on("dialog", lambda d: d.accept())
+        page.click("#delete")
+        page.wait_for_url(url.rstrip("/") + "/")
+        assert page.locator(f"tr.run[data-run-id='{run_id}']").count() == 0
+        assert not (stores / "runs" / "act").exists()
+        assert requests and all(r.startswith(url) for r in requests), requests
+    finally:
+        gate.touch()
+        if proc.poll() is None:
+            kill(proc)

@@ -245,39 +245,51 @@ class RunListing:
     errors: list[str]
 
 
-def find_runs(base: str) -> RunListing:
-    """Every run store and sweep directly under ``base`` (a local folder or any fsspec
-    URL, such as ``gs://bucket/runs``), each as ``run_status``/``sweep_status`` give it."""
+def find_runs(base: str, depth: int = 3) -> RunListing:
+    """Every run store and sweep under ``base`` (a local folder or any fsspec URL, such as
+    ``gs://bucket/runs``), in it or in its subfolders down to ``depth`` levels (a folder
+    that is a run or a sweep is not looked into), each as ``run_status``/``sweep_status``
+    give it."""
     import fsspec
-
-    from .sweep import SWEEP_FILE, sweep_status
 
     listing = RunListing(base, [], [], [])
     try:
         fs, root = fsspec.core.url_to_fs(base, **({} if not is_url(base) else _fresh(base)))
-        entries = fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return listing
     except Exception as exc:
         listing.errors.append(f"{base}: cannot list it ({exc})")
         return listing
+    _find_under(fs, root, base.rstrip("/"), depth, listing)
+    listing.runs.sort(key=lambda d: d["run_id"], reverse=True)  # newest first
+    return listing
+
+
+def _find_under(fs: Any, root: str, base: str, depth: int, listing: RunListing) -> None:
+    from .sweep import SWEEP_FILE, sweep_status
+
+    try:
+        entries = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return
+    except Exception as exc:
+        listing.errors.append(f"{base}: cannot list it ({exc})")
+        return
     dirs = sorted(
         (str(e["name"]).rstrip("/") for e in entries if e.get("type") == "directory"),
         reverse=True,
     )
     for path in dirs:
         name = path.rsplit("/", 1)[-1]
-        url = f"{base.rstrip('/')}/{name}"
+        url = f"{base}/{name}"
         try:
             store = RunStore(url)
             if store.exists(SWEEP_FILE):
                 listing.sweeps.append(sweep_status(url))
             elif store.exists("run.json"):
                 listing.runs.append(describe(store))
+            elif depth > 1 and (not name.startswith(".") or name == ".spotbook"):
+                _find_under(fs, path, url, depth - 1, listing)
         except Exception as exc:
             listing.errors.append(f"{url}: {exc}")
-    listing.runs.sort(key=lambda d: d["run_id"], reverse=True)  # newest first
-    return listing
 
 
 def _fresh(url: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ class Sources:
     """Where the app looks for runs."""
 
     stores: list[str] = field(default_factory=list)  # folders or URLs holding run stores
-    local: bool = True  # ./.spotbook/runs and the library's runs folder
+    local: bool = True  # ./.spotbook/runs, the library's runs folder, the index of runs
     cluster: bool = False
     context: str | None = None
     namespace: str | None = None
@@ -92,9 +92,11 @@ class Catalog:
 
     def listing(self) -> dict[str, Any]:
         """Every place's runs and sweeps, each with its key."""
-        from ..ops.runs import cluster_runs, find_runs
+        from ..ops.runs import cluster_runs, find_runs, list_runs
 
         found = [find_runs(p) for p in self.sources.places()]
+        if self.sources.local:  # and every other run this user started (the index)
+            found.append(list_runs())
         if self.sources.cluster:
             found.append(
                 cluster_runs(
@@ -141,8 +143,16 @@ def create_app(sources: Sources, *, token: str | None = None, refresh: float = 2
     @app.before_request
     def guard() -> Any:
         host = (request.host or "").rsplit(":", 1)[0].strip("[]")
-        if app.config.get("loopback_only") and host not in ("127.0.0.1", "localhost", "::1"):
+        if app.config.get("loopback_only") and not is_loopback(host):
             abort(403, "this dashboard answers only on a loopback address")
+        if request.method == "POST":
+            # an action: only from the dashboard's own page (a form or script elsewhere
+            # cannot set this header without a CORS preflight, which is never granted)
+            origin = request.headers.get("Origin")
+            if request.headers.get(ACTION_HEADER) != "1" or (
+                origin is not None and origin != request.host_url.rstrip("/")
+            ):
+                abort(403, "actions come from the dashboard's own page")
         if token is None:
             return None
         given = request.args.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
@@ -249,6 +259,29 @@ def create_app(sources: Sources, *, token: str | None = None, refresh: float = 2
         resp.headers["Content-Disposition"] = f'attachment; filename="report-{key}.html"'
         return resp
 
+    @app.get("/run/<key>/download")
+    def download(key: str) -> Response:
+        """The run's notebook as it stands (OUTPUT's contents), as an .ipynb file."""
+        import nbformat
+
+        url = run_url(key)
+        nb = run_notebook(RunStore(url))
+        doc = run_status(RunStore(url))
+        resp = make_response(nbformat.writes(nb))
+        resp.headers["Content-Type"] = "application/x-ipynb+json"
+        resp.headers["Content-Disposition"] = f'attachment; filename="{doc["run_id"]}.ipynb"'
+        return resp
+
+    @app.post("/run/<key>/<action>")
+    def act(key: str, action: str) -> Any:
+        """stop, resume or delete, as `spotbook cancel`, `resume` and `runs rm` do."""
+        url = run_url(key)
+        try:
+            said = run_action(url, action)
+        except SpotbookError as exc:
+            return jsonify({"error": str(exc)}), 409
+        return jsonify({"done": said, "next": "/" if action == "delete" else f"/run/{key}"})
+
     @app.get("/sweep/<key>")
     def sweep_page(key: str) -> str:
         url = catalog.lookup(key, "sweep")
@@ -270,6 +303,60 @@ def create_app(sources: Sources, *, token: str | None = None, refresh: float = 2
         return str(exc), 404
 
     return app
+
+
+ACTION_HEADER = "X-Spotbook-Action"
+
+
+def run_action(url: str, action: str) -> str:
+    """Do a dashboard button's action on the run at ``url``; what was done, in words.
+    Raises SpotbookError (shown on the page) when it cannot be done."""
+    from ..kube.jobs import JOB_RECORD
+    from ..ops.runs import cancel_run, remove_run, stop_local_run
+
+    store = RunStore(url)
+    if action == "stop":
+        if store.exists(JOB_RECORD):
+            done = cancel_run(store)
+            return f"deleted Job {done.job}; the pod saves its progress on its way out"
+        runner, _ = stop_local_run(store, timeout=0.0)  # the page follows the rest
+        return f"asked the runner (pid {runner.pid}) to stop, as Ctrl-C would"
+    if action == "resume":
+        return resume_in_background(store)
+    if action == "delete":
+        gone = remove_run(store)
+        return f"removed run {gone.run_id}"
+    raise UsageError(f"no action {action!r}: stop, resume or delete")
+
+
+def resume_in_background(store: RunStore) -> str:
+    """Start `spotbook resume URL` as a process of its own (it outlives the dashboard),
+    its output in a log file beside the dashboard's temporary files."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from .._status import describe
+    from ..kube.jobs import JOB_RECORD
+
+    doc = describe(store)
+    if store.exists(JOB_RECORD):
+        raise UsageError(
+            f"run {doc['run_id']} runs as a Kubernetes Job, which resumes it by itself"
+        )
+    if doc["status"] in (RunStatus.RUNNING.value, RunStatus.SUCCEEDED.value):
+        raise UsageError(f"run {doc['run_id']} is {doc['status']}: nothing to resume")
+    fd, log_path = tempfile.mkstemp(prefix=f"spotbook-resume-{doc['run_id']}-", suffix=".log")
+    with os.fdopen(fd, "w") as log_file:
+        subprocess.Popen(
+            [sys.executable, "-m", "spotbook", "resume", store.url, "--no-progress-bar"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,  # not stopped with the dashboard
+        )
+    return f"resuming run {doc['run_id']} (its output: {log_path})"
 
 
 def is_loopback(host: str) -> bool:

@@ -34,7 +34,21 @@ def templates() -> jinja2.Environment:
     )
     env.filters["seconds"] = _seconds
     env.filters["when"] = _when
+    env.globals["started_at"] = _started_at
+    env.globals["run_seconds"] = _run_seconds
     return env
+
+
+def _started_at(doc: Any) -> float | None:
+    from ..ops.runs import started_at
+
+    return started_at(doc)
+
+
+def _run_seconds(doc: Any) -> float | None:
+    from ..ops.runs import run_seconds
+
+    return run_seconds(doc)
 
 
 def _seconds(value: float | None) -> str:

@@ -2,6 +2,29 @@
 // run moved on, reload its notebook. No libraries, nothing from elsewhere.
 (function () {
   "use strict";
+  // the run page's buttons: stop, resume, delete (POST with the dashboard's own header,
+  // which a page elsewhere cannot send)
+  var said = document.getElementById("said");
+  Array.prototype.forEach.call(document.querySelectorAll("button[data-action]"), function (b) {
+    b.addEventListener("click", function () {
+      if (b.dataset.confirm && !window.confirm(b.dataset.confirm)) { return; }
+      b.disabled = true;
+      fetch(b.dataset.action, {
+        method: "POST", credentials: "same-origin", headers: { "X-Spotbook-Action": "1" }
+      })
+        .then(function (r) { return r.json().then(function (doc) { return [r.ok, doc]; }); })
+        .then(function (res) {
+          var doc = res[1];
+          if (said) {
+            said.textContent = res[0] ? doc.done : doc.error;
+            said.className = res[0] ? "done" : "error";
+          }
+          if (res[0] && doc.next === "/") { window.location.assign("/"); }
+        })
+        .catch(function (e) { if (said) { said.textContent = String(e); said.className = "error"; } })
+        .then(function () { b.disabled = false; });
+    });
+  });
   var every = Number(document.body.dataset.refresh || "2") * 1000;
   var live = document.getElementById("live");
   if (!live || !live.dataset.src) { return; }
