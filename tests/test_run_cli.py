@@ -523,6 +523,39 @@ def test_output_grows_as_the_run_goes_and_survives_a_kill(work: Path) -> None:
     assert "second" in json.dumps(load(out)["cells"][1]["outputs"])
 
 
+def test_output_shows_the_running_cells_output_so_far(work: Path) -> None:
+    """A long cell's prints reach OUTPUT (and the store's notebook, which the dashboard
+    shows) while it still runs, as papermill's autosave has them; after kill -9 they are
+    there, marked running; the resume's OUTPUT has the cell's whole output, once."""
+    write_notebook(
+        work / "epochs.ipynb",
+        "x = 1",
+        "import os, time\nprint('epoch 1', flush=True)\n"
+        "while not os.path.exists('go'):\n    time.sleep(0.01)\nprint('epoch 2')",
+    )
+    out = work / "epochs-out.ipynb"
+
+    def running_cell_shows(where: Path) -> bool:
+        try:
+            cell = load(where)["cells"][1]
+        except (OSError, ValueError, IndexError):
+            return False
+        return cell["metadata"]["papermill"]["status"] == "running" and "epoch 1" in json.dumps(
+            cell["outputs"]
+        )
+
+    proc = start_cli("run", "epochs.ipynb", str(out), "--run-dir", "rd", cwd=work)
+    wait_for(lambda: running_cell_shows(out), timeout=120, what="cell 1's print in OUTPUT")
+    wait_for(lambda: running_cell_shows(work / "rd" / "output.ipynb"), what="the store's")
+    assert proc.poll() is None
+    kill(proc)
+    assert running_cell_shows(out)
+    (work / "go").touch()
+    assert cli("resume", "rd", cwd=work).returncode == 0
+    final = json.dumps(load(out)["cells"][1]["outputs"])
+    assert final.count("epoch 1") == 1 and "epoch 2" in final, final
+
+
 def test_the_same_command_again_continues_an_interrupted_run(work: Path) -> None:
     """papermill users rerun the command after a crash: without --run-dir, the same
     notebook, parameters, OUTPUT and kernel continue the run the kill interrupted (said on

@@ -255,6 +255,7 @@ class KernelSession:
         self._ipc_dir: str | None = None
         # evaluated after every cell, in the cell's own reply (no extra round trip)
         self.cell_expressions: dict[str, str] = {}
+        self._running: tuple[int, Any] | None = None  # the notebook cell running now
         self.language_info: dict[str, Any] = {}
 
     async def start(self) -> None:
@@ -294,8 +295,25 @@ class KernelSession:
     def _km(self) -> Any:
         return self._client.km
 
-    async def run_cell(self, cell: Any, index: int, store_history: bool = True) -> CellResult:
-        """Execute one cell. Errors in the cell are results, not exceptions."""
+    @property
+    def running(self) -> int | None:
+        """The notebook cell running now (not a replay); None between cells."""
+        return None if self._running is None else self._running[0]
+
+    def live_outputs(self) -> tuple[int, list[Any]] | None:
+        """The cell running now and its outputs so far (a copy), for OUTPUT as it grows;
+        None between cells and during replays."""
+        running = self._running
+        if running is None:
+            return None
+        index, cell = running
+        return index, [dict(o) for o in cell.get("outputs", [])]
+
+    async def run_cell(
+        self, cell: Any, index: int, store_history: bool = True, live: bool = True
+    ) -> CellResult:
+        """Execute one cell. Errors in the cell are results, not exceptions. ``live``: its
+        outputs so far are the notebook's (``live_outputs``); a replay's are not."""
         client = self._client
         cell.metadata["execution"] = {}
         msg_id = self._kc.execute(
@@ -306,7 +324,11 @@ class KernelSession:
         )
         cell.outputs = []
         client.clear_before_next_output = False
-        reply = await self._pump(msg_id, cell, index)
+        self._running = (index, cell) if live else None
+        try:
+            reply = await self._pump(msg_id, cell, index)
+        finally:
+            self._running = None
         client.nb.cells[index] = cell
         content = reply.get("content", {})
         error = None
@@ -420,7 +442,9 @@ class KernelSession:
                 await self.evaluate(
                     f"get_ipython().__setattr__('execution_count', {int(execution_count)})"
                 )
-            return await self.run_cell(scratch, index, store_history=bool(execution_count))
+            return await self.run_cell(
+                scratch, index, store_history=bool(execution_count), live=False
+            )
         finally:
             client.nb.cells[index] = original
             client._display_id_map = links

@@ -337,16 +337,20 @@ class Journal:
         widgets = session.widget_state() if session is not None else None
         to_output = final if to_output is None else to_output
         meta = self.run_meta(final)
+        live = self._live(session)
+        if live is not None:  # a cell runs: OUTPUT shows what it printed so far
+            running = live[0]
+        outs = None if live is None else live[1]
         if to_output or final:
             # what a user opens is indented as nbformat writes it
-            nb = nbs.assemble(self.nb, self.records, run_meta=meta, running=running)
+            nb = nbs.assemble(self.nb, self.records, run_meta=meta, running=running, live=outs)
             if widgets:  # as nbclient writes it: the widgets' state, for renderers
                 nb.metadata["widgets"] = widgets
             data = nbs.dumps(nb, pretty=True).encode()
         else:
             # refreshes are compact, and encode only the cells that changed since the last
             data = self._writer.dumps(
-                self.nb, self.records, run_meta=meta, running=running, widgets=widgets
+                self.nb, self.records, run_meta=meta, running=running, widgets=widgets, live=outs
             ).encode()
         self.store.write("output.ipynb", data)
         if self.spec.output:
@@ -354,6 +358,26 @@ class Journal:
         self._last_refresh = time.monotonic()
         self._refresh_cost = self._last_refresh - now
         return len(data)
+
+    def _live(self, session: KernelSession | None) -> tuple[int, list[Any]] | None:
+        """The running cell and its outputs so far, unless they are over --max-output-bytes
+        (then its record, cut to that, shows them when it ends)."""
+        live = session.live_outputs() if session is not None else None
+        if live is not None and len(json.dumps(live[1])) > self.spec.limits.max_output_bytes:
+            return live[0], []
+        return live
+
+    def output_arrived(self, session: KernelSession) -> None:
+        """The running cell printed or displayed something: OUTPUT shows it within
+        ``output_refresh`` seconds (never more often than 20 times a write's cost)."""
+        if self._deferred is not None or session.running is None:
+            return
+        since = time.monotonic() - self._last_refresh
+        wait = max(0.0, max(self._output_refresh, 20 * self._refresh_cost) - since)
+        with contextlib.suppress(RuntimeError):  # no event loop: nothing runs on
+            self._deferred = asyncio.get_running_loop().call_later(
+                wait, self._refresh_later, session, session.running
+            )
 
     def _refresh_later(self, session: KernelSession | None, running: int | None) -> None:
         self._deferred = None

@@ -514,6 +514,14 @@ class Runner:
             ) from None
 
     # -- the kernel -------------------------------------------------------------------
+    def _on_output(self, kind: str, content: dict[str, Any]) -> None:
+        """Each output the kernel sends: to --log-output and the stream files, and OUTPUT
+        refreshed soon to show the running cell's output so far."""
+        if self.opts.on_output is not None:
+            self.opts.on_output(kind, content)
+        if self.session is not None:
+            self.journal.output_arrived(self.session)
+
     async def start_kernel(self, index: int) -> None:
         """Start a kernel and spotbook's watchers in it, before any cell runs."""
         self.session = KernelSession(
@@ -522,7 +530,7 @@ class Runner:
             cwd=self.spec.cwd,
             start_timeout=self.spec.limits.start_timeout,
             env=self._kernel_env,
-            on_output=self.opts.on_output,
+            on_output=self._on_output,
             allow_errors=self.spec.allow_errors,
         )
         await self.race(self.session.start(), grace=0.0, index=index)

@@ -236,8 +236,10 @@ def assemble(
     *,
     run_meta: Mapping[str, Any],
     running: int | None = None,
+    live: list[Any] | None = None,
 ) -> Notebook:
-    """The output notebook: ``nb`` with each finished cell's record applied.
+    """The output notebook: ``nb`` with each finished cell's record applied (and the
+    running cell's outputs so far, ``live``).
 
     Every cell's ``metadata.papermill`` (and ``metadata.spotbook``) says its status and
     times, and the notebook's ``metadata.papermill`` the run's, as papermill writes them;
@@ -252,7 +254,8 @@ def assemble(
     failed = _first_failure(records)
     frontier = _frontier(nb, records)
     for index, cell in enumerate(out.cells):
-        _apply(cell, records.get(index), _state(nb, index, records, running, frontier))
+        state = _state(nb, index, records, running, frontier)
+        _apply(cell, records.get(index), state, live=live if state == "running" else None)
     out.metadata.update(_run_metadata(records, run_meta, failed))
     if failed is not None:
         index, rec = failed
@@ -285,12 +288,13 @@ class CompactWriter:
         run_meta: Mapping[str, Any],
         running: int | None = None,
         widgets: Mapping[str, Any] | None = None,
+        live: list[Any] | None = None,
     ) -> str:
         failed = _first_failure(records)
         others = {k: v for k, v in nb.items() if k != "cells"}
         if failed is not None or any(k < "cells" for k in others):
             # banners move every cell (and a key before "cells" would too): written whole
-            out = assemble(nb, records, run_meta=run_meta, running=running)
+            out = assemble(nb, records, run_meta=run_meta, running=running, live=live)
             if widgets:
                 out.metadata["widgets"] = dict(widgets)
             return dumps(out, pretty=False)
@@ -303,7 +307,7 @@ class CompactWriter:
             # (the running cell's timing metadata fills in as it runs: never kept)
             if kept is None or kept[0] is not rec or kept[1] != state or state == "running":
                 view = {**cell, "metadata": dict(cell.get("metadata") or {})}
-                _apply(view, rec, state, share=True)
+                _apply(view, rec, state, share=True, live=live if state == "running" else None)
                 kept = self._cells[index] = (rec, state, _compact(view))
             parts.append(kept[2])
         meta = nbformat.NotebookNode(nb.metadata)
@@ -349,13 +353,20 @@ def _state(
     return "pending"
 
 
-def _apply(cell: Any, rec: Mapping[str, Any] | None, state: str, *, share: bool = False) -> None:
+def _apply(
+    cell: Any,
+    rec: Mapping[str, Any] | None,
+    state: str,
+    *,
+    share: bool = False,
+    live: list[Any] | None = None,
+) -> None:
     """Write a record (or its absence, as ``state``) into a shallow copy of a cell.
     ``share``: the copy is only encoded, never changed, so the record's metadata is put
-    in as it is rather than copied."""
+    in as it is rather than copied. ``live``: the running cell's outputs so far."""
     metadata = cell["metadata"]
     if cell["cell_type"] == "code":
-        cell["outputs"] = list(rec["outputs"]) if rec else []
+        cell["outputs"] = list(rec["outputs"]) if rec else list(live or [])
         cell["execution_count"] = rec.get("execution_count") if rec else None
     if rec and rec.get("metadata"):
         metadata.update(rec["metadata"] if share else copy.deepcopy(dict(rec["metadata"])))
