@@ -431,8 +431,9 @@ def run_outputs(run: str | RunStore, follow: bool = False) -> Iterator[tuple[str
             shown = index
         if not follow:
             return
-        attempts = store.attempts()
-        if not attempts or attempts[-1].get("outcome") != Outcome.RUNNING:
+        # running: an attempt says so and its runner lives (one killed without notice on
+        # this machine is seen as killed, and there is nothing more to wait for)
+        if describe(store)["status"] != RunStatus.RUNNING:
             records, _ = store.records_and_notes()
             if not any(i > shown for i in records):
                 return
