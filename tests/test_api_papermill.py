@@ -13,7 +13,7 @@ import pytest
 
 import spotbook
 
-from .conftest import NOTEBOOKS, SHARED, cli, comparable, load
+from .conftest import NOTEBOOKS, SHARED, cells_committed, cli, comparable, kill, load, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -261,6 +261,54 @@ def test_the_library_draws_papermills_bar(
 def test_execute_notebook_rejects_unknown_arguments(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="engine_kwarg"):
         spotbook.execute_notebook("x.ipynb", None, engine_kwarg=1)
+
+
+def test_nbclients_arguments_reach_every_attempts_kernel(tmp_path: Path) -> None:
+    """papermill passes its extra keyword arguments to nbclient: iopub_timeout and the
+    kernel's extra_arguments are taken, kept in the (sealed) run, and used again by a
+    resume after a kill; one spotbook cannot honour is refused by name, before anything
+    is written. (The resume is on the same disk: the subject is the arguments.)"""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    arg = "--InteractiveShell.banner1=from-spotbook"
+    check = f"import sys\nprint({arg!r} in sys.argv)"
+    gate = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.01)"
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (check, gate, check)]
+    src = tmp_path / "nb.ipynb"
+    nbformat.write(nb, src)
+    rd = tmp_path / "rd"
+    call = (
+        f"import spotbook; spotbook.execute_notebook({str(src)!r}, None, run_dir={str(rd)!r}, "
+        f"iopub_timeout=9, extra_arguments=[{arg!r}], record_timing=True, progress_bar=False)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", call], cwd=tmp_path, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: cells_committed(rd) >= 1, timeout=120, what="cell 0's record")
+    finally:
+        kill(proc)
+    spec = json.loads((rd / "run.json").read_text())["spec"]
+    assert spec["nbclient"] == {"iopub_timeout": 9, "extra_arguments": [arg], "record_timing": True}
+    (tmp_path / "go").touch()
+    r = cli("resume", str(rd), cwd=tmp_path)  # a new kernel, started as the first was
+    assert r.returncode == 0, r.stderr
+    out = json.loads((rd / "output.ipynb").read_text())
+    assert [json.dumps(out["cells"][i]["outputs"]).count("True") for i in (0, 2)] == [1, 1]
+    with pytest.raises(TypeError, match=r"\['kernel_manager_class'\] \(it takes .*iopub_timeout"):
+        spotbook.execute_notebook(
+            str(src), None, run_dir=str(tmp_path / "rd2"), kernel_manager_class="x.Y"
+        )
+    with pytest.raises(spotbook.UsageError, match="iopub_timeout=-1"):
+        spotbook.execute_notebook(str(src), None, run_dir=str(tmp_path / "rd3"), iopub_timeout=-1)
+    assert not (tmp_path / "rd2").exists() and not (tmp_path / "rd3").exists()
 
 
 def test_prepare_only(tmp_path: Path) -> None:

@@ -30,7 +30,15 @@ from ._errors import (
     UsageError,
     papermill_compatible,
 )
-from ._models import AttemptRecord, Limits, Outcome, RunSpec, RunStatus, SnapshotPolicy
+from ._models import (
+    NBCLIENT_ARGS,
+    AttemptRecord,
+    Limits,
+    Outcome,
+    RunSpec,
+    RunStatus,
+    SnapshotPolicy,
+)
 from .attempt.cells import CELL_END, CELL_START
 from .attempt.context import RunnerOptions
 from .attempt.executor import check_kernel
@@ -227,6 +235,7 @@ def prepare_run(
     restart: bool = False,
     strict_resume: bool = False,
     allow_errors: bool = False,
+    nbclient: Mapping[str, Any] | None = None,
     key: Key | None = None,
     here: bool = True,
     runs_dir: str | None = None,
@@ -297,6 +306,7 @@ def prepare_run(
         hash_seed=os.environ.get("PYTHONHASHSEED") or str(secrets.randbelow(2**32)),
         strict_resume=strict_resume,
         allow_errors=allow_errors,
+        nbclient=dict(nbclient or {}),
     )
     existing = store.read_json("run.json")
     if existing is not None and not restart:
@@ -409,11 +419,19 @@ def execute_notebook(
     notebook with the failure marked (also a papermill ``PapermillExecutionError`` where
     papermill is loaded).
     """
-    # nbclient's allow_errors, which papermill passes to its engine
+    # nbclient's arguments, which papermill passes to its engine
     allow_errors = bool(papermill_kwargs.pop("allow_errors", False))
+    nbclient = {k: papermill_kwargs.pop(k) for k in list(papermill_kwargs) if k in NBCLIENT_ARGS}
+    if "extra_arguments" in nbclient:
+        nbclient["extra_arguments"] = list(nbclient["extra_arguments"])
+    start_timeout = papermill_kwargs.pop("startup_timeout", start_timeout)  # nbclient's name
     unknown = set(papermill_kwargs) - _PAPERMILL_NO_OPS
     if unknown:
-        raise TypeError(f"execute_notebook() got unexpected arguments: {sorted(unknown)}")
+        raise TypeError(
+            f"execute_notebook() got unexpected arguments: {sorted(unknown)} (it takes "
+            f"papermill's, and nbclient's {', '.join(sorted(NBCLIENT_ARGS))}, allow_errors "
+            "and startup_timeout)"
+        )
     if engine_name not in _ENGINES:
         raise UsageError(
             f"engine_name {engine_name!r}: spotbook runs notebooks with its own engine "
@@ -440,6 +458,7 @@ def execute_notebook(
         restart=restart,
         strict_resume=strict_resume,
         allow_errors=allow_errors,
+        nbclient=nbclient,
         runs_dir=None if run_dir else library_runs_dir(),
         language=language,
         prepare_only=prepare_only,

@@ -373,12 +373,19 @@ class RunSpec:
     # nbconvert's --allow-errors (nbclient's allow_errors): a failing cell's error stays
     # in the notebook and the run goes on; it succeeds
     allow_errors: bool = False
+    # nbclient's arguments given to execute_notebook (NBCLIENT_ARGS), for every attempt
+    nbclient: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_nbclient_args(self.nbclient)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["snapshot"]["mode"] = self.snapshot.mode.value
         if not self.allow_errors:  # as runs without it were sealed before it existed
             del data["allow_errors"]
+        if not self.nbclient:  # likewise
+            del data["nbclient"]
         return data
 
     @classmethod
@@ -401,7 +408,39 @@ class RunSpec:
             hash_seed=data.get("hash_seed"),
             strict_resume=bool(data.get("strict_resume", False)),
             allow_errors=data.get("allow_errors") is True,
+            nbclient=dict(data.get("nbclient") or {}),
         )
+
+
+# nbclient's NotebookClient arguments execute_notebook passes through (papermill passes
+# its extra keyword arguments to nbclient): name -> what the value must be
+NBCLIENT_ARGS = {
+    "iopub_timeout": "a number of seconds, zero or more",
+    "extra_arguments": "a list of strings (the kernel's command-line arguments)",
+    "record_timing": "True (spotbook always records cell times)",
+    "store_widget_state": "True (spotbook always stores widget state)",
+}
+
+
+def check_nbclient_args(args: dict[str, Any]) -> None:
+    """UsageError for an nbclient argument spotbook does not take, or a bad value."""
+    for name, value in args.items():
+        if name not in NBCLIENT_ARGS:
+            raise UsageError(
+                f"nbclient's {name!r} is not taken by spotbook; it takes "
+                f"{', '.join(sorted(NBCLIENT_ARGS))}"
+            )
+        good = {
+            "iopub_timeout": isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and 0 <= value < math.inf,
+            "extra_arguments": isinstance(value, list | tuple)
+            and all(isinstance(a, str) for a in value),
+            "record_timing": value is True,
+            "store_widget_state": value is True,
+        }[name]
+        if not good:
+            raise UsageError(f"nbclient's {name}={value!r}: give {NBCLIENT_ARGS[name]}")
 
 
 # After a termination notice: how long saving (a snapshot in progress, or one last

@@ -64,6 +64,11 @@ class CellResult:
     reply_metadata: dict[str, Any] = field(default_factory=dict)
 
 
+# nbclient's arguments a run may set (RunSpec.nbclient); record_timing and
+# store_widget_state are always on
+_CLIENT_ARGS = ("iopub_timeout", "extra_arguments")
+
+
 class _Client(NotebookClient):
     """nbclient's client with a hook that sees each output as it arrives, a note
     of earlier cells whose displays a message updated, and stream text joined to
@@ -234,6 +239,7 @@ class KernelSession:
         env: dict[str, str],
         on_output: OutputCallback | None = None,
         allow_errors: bool = False,
+        nbclient: dict[str, Any] | None = None,
     ) -> None:
         # --allow-errors: every cell may fail, as one tagged raises-exception may
         self._allow_errors = allow_errors
@@ -245,6 +251,8 @@ class KernelSession:
             allow_errors=True,
             shutdown_kernel="immediate",
             record_timing=True,
+            # the run's nbclient arguments (RunSpec.nbclient) that change what it does
+            **{k: v for k, v in (nbclient or {}).items() if k in _CLIENT_ARGS},
         )
         self._client.on_output = on_output
         self._client.touched = set()

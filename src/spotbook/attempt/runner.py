@@ -532,6 +532,7 @@ class Runner:
             env=self._kernel_env,
             on_output=self._on_output,
             allow_errors=self.spec.allow_errors,
+            nbclient=self.spec.nbclient,
         )
         await self.race(self.session.start(), grace=0.0, index=index)
         try:
