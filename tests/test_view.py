@@ -318,9 +318,16 @@ def test_dashboard_in_chromium(
             event["running_new_cells_at"], abs=1e-3
         )
         # drawn where the data says: the gap starts where the killed attempt's bar ends
-        b0 = bars.nth(0).bounding_box()
-        g0 = page.locator("svg.timeline g.gap rect").first.bounding_box()
-        assert g0["x"] == pytest.approx(b0["x"] + b0["width"], abs=1.5)
+        # (both measured in one go: the live part, time line included, is swapped for a
+        # new one every refresh, and a box asked of a swapped-out element is none)
+        bar_x, bar_w, gap_x = page.evaluate(
+            """() => {
+              const b = document.querySelector('svg.timeline rect.attempt').getBoundingClientRect();
+              const g = document.querySelector('svg.timeline g.gap rect').getBoundingClientRect();
+              return [b.x, b.width, g.x];
+            }"""
+        )
+        assert gap_x == pytest.approx(bar_x + bar_w, abs=1.5)
         assert "nothing known to differ" in page.inner_text("#fidelity")
         frame = page.frame_locator("#notebook-frame")
         frame.locator(".output_subarea", has_text="through the gate").wait_for()
