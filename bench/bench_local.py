@@ -31,6 +31,9 @@ CASES = {
     # each cell binds one more variable: what the runner does per cell must not grow
     "1000 cells binding a variable each": [f"x{i} = {i}" for i in range(1000)],
     "4000 cells binding a variable each": [f"x{i} = {i}" for i in range(4000)],
+    # each cell prints: every output may schedule a refresh of OUTPUT (the running cell's
+    # output so far), which must cost nothing measurable per cell either
+    "4000 cells printing a line each": [f"print({i})" for i in range(4000)],
     "20 cells x 100 KB output": ["print('x' * 102_399)"] * 20,
 }
 
