@@ -20,6 +20,8 @@ _PART = "\x00part:"
 @dataclass
 class FidelityReport:
     snapshot: str | None
+    # the cell (its index) the snapshot was taken after, for words a person reads
+    snapshot_after: int | None = None
     variables: int = 0
     process: list[str] = field(default_factory=list)
     replayed: dict[int, str] = field(default_factory=dict)
@@ -64,7 +66,7 @@ class FidelityReport:
                 )
                 if writers:
                     rebuild.add(writers[-1])
-                    what += f": cell {writers[-1]}, which wrote it, is replayed to rebuild it"
+                    what += f": cell {writers[-1] + 1}, which wrote it, is replayed to rebuild it"
                 self.may_differ.append(what)
         entries = listed.get("entries") or {}
         deleted = {
@@ -126,6 +128,7 @@ class FidelityReport:
         return {
             "exact": self.exact,
             "snapshot": self.snapshot,
+            "snapshot_after": self.snapshot_after,
             "variables_restored": self.variables,
             "process_restored": self.process,
             "replayed": [{"cell": i, "why": why} for i, why in sorted(self.replayed.items())],
@@ -142,15 +145,22 @@ def summary_lines(fidelity: dict[str, Any]) -> list[str]:
     """The report as lines for ``spotbook status``."""
     lines = []
     if fidelity.get("fallback"):
-        lines.append(f"state could not be rebuilt: ran again from cell 0 ({fidelity['fallback']})")
+        lines.append(
+            f"state could not be rebuilt: ran again from the first cell ({fidelity['fallback']})"
+        )
     restored = fidelity.get("process_restored") or []
+    after = fidelity.get("snapshot_after")
+    if isinstance(after, int):  # cells as papermill numbers them, from 1
+        source = f" from the snapshot after cell {after + 1}"
+    else:  # a report written before it said which cell
+        source = f" from {fidelity['snapshot']}" if fidelity.get("snapshot") else ""
     lines.append(
         f"restored {fidelity.get('variables_restored', 0)} variables"
         + (f" and {', '.join(restored)}" if restored else "")
-        + (f" from {fidelity['snapshot']}" if fidelity.get("snapshot") else " (no snapshot)")
+        + (source or " (no snapshot)")
     )
     for name, cells in sorted((fidelity.get("chains") or {}).items()):
-        lines.append(f"{name!r}: rebuilt by replaying cells {', '.join(map(str, cells))}")
+        lines.append(f"{name!r}: rebuilt by replaying cells {_numbered(cells)}")
     dropped = fidelity.get("not_restored_unused") or []
     if dropped:
         lines.append(f"not restored, and no later cell reads them: {', '.join(dropped)}")
@@ -163,7 +173,7 @@ def summary_lines(fidelity: dict[str, Any]) -> list[str]:
     env = fidelity.get("environment_replayed") or []
     if env:
         lines.append(
-            f"environment: cell{'s' if len(env) > 1 else ''} {', '.join(map(str, env))} "
+            f"environment: cell{'s' if len(env) > 1 else ''} {_numbered(env)} "
             "replayed first (what they installed was missing)"
         )
     for item in fidelity.get("files_given_back") or []:
@@ -173,3 +183,8 @@ def summary_lines(fidelity: dict[str, Any]) -> list[str]:
     if fidelity.get("exact"):
         lines.append("nothing known to differ from an uninterrupted run")
     return lines
+
+
+def _numbered(cells: list[int]) -> str:
+    """Cell indexes as papermill numbers cells (from 1), for a person to read."""
+    return ", ".join(str(int(i) + 1) for i in cells)

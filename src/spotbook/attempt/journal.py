@@ -114,11 +114,12 @@ class Journal:
         if removed:
             log.info("removed %d partial files a killed attempt left in the store", removed)
         self.set_status(RunStatus.RUNNING)
-        log.info(
-            "run %s attempt %d starting at cell %d (%s)",
+        log.info(  # cells as papermill numbers them, from 1
+            "run %s attempt %d starting at cell %d of %d (%s)",
             self.spec.run_id,
             self.attempt,
-            start,
+            start + 1,
+            len(self.nb.cells),
             self.store.url,
         )
 

@@ -52,7 +52,11 @@ class Restorer:
         records = journal.records
         m0 = time.monotonic()
         doc = snaps.usable
-        report = FidelityReport(snapshot=doc["name"] if doc else None, undone=self.undone)
+        report = FidelityReport(
+            snapshot=doc["name"] if doc else None,
+            snapshot_after=int(doc["after"]) if doc and isinstance(doc.get("after"), int) else None,
+            undone=self.undone,
+        )
         rebuild_files: set[int] = set()
         if doc is not None:
             never = frozenset(

@@ -71,11 +71,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     for a in doc["attempts"]:
         extra = ""
         if a.get("replayed") is not None:
-            extra = f", restored in {a.get('restore_seconds', 0):.2f} s, replayed {a['replayed']}"
+            # cells as papermill numbers them (from 1), as everywhere a person reads
+            again = [int(i) + 1 for i in a["replayed"] if isinstance(i, int)]
+            what = f"replayed cells {', '.join(map(str, again))}" if again else "no cell replayed"
+            extra = f", restored in {a.get('restore_seconds', 0):.2f} s, {what}"
         place = f"pod {a['pod']}" if a.get("pod") else f"pid {a.get('pid')}"
+        start = a.get("resumed_from")
         print(
             f"  #{a.get('attempt')} {a.get('outcome'):<10} {_when(a.get('started'))} → "
-            f"{_when(a.get('ended'))}  from cell {a.get('resumed_from')} "
+            f"{_when(a.get('ended'))}  from cell {int(start or 0) + 1} "
             f"on {a.get('node') or a.get('host')} {place}{extra}"
         )
         for line in _attempt_details(a):
