@@ -196,6 +196,8 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
     ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
     ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
+    ("-f nested past the parser", {"in.ipynb": nb(), "deep.yaml": "[" * 100_000 + "]" * 100_000}, [*RUN, "-f", "deep.yaml"], 2, "nested too deeply", "none"),
+    ("cost --prices nested past the parser", {"deep.json": "[" * 100_000 + "]" * 100_000}, ["cost", "rd", "--prices", "deep.json"], 2, "--prices deep.json is not a price table", "none"),
     ("--run-dir where no folder can be made", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--run-dir", "/proc/self/x"], 2, "give --run-dir a directory", "none"),
 ]
 # fmt: on
@@ -315,3 +317,11 @@ def test_a_reader_that_stops_reading_is_no_error(tmp_path: Path, argv: list[str]
         os.close(write)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+
+
+def test_simulating_a_run_with_no_finished_cell_says_so(tmp_path: Path) -> None:
+    (tmp_path / "in.ipynb").write_text(nb())
+    assert cli(*RUN, "--prepare-only", cwd=tmp_path).returncode == 0  # frozen, never run
+    r = cli("simulate", "--from", "rd", cwd=tmp_path)
+    assert r.returncode == 2 and "no finished cells to measure" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -92,6 +92,8 @@ def load_prices(path: str | None = None) -> PriceTable:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"--prices {path}: no such file") from None
-    except ValueError as exc:
-        raise UsageError(f"--prices {path} is not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # nested past the parser's stack too
+        raise UsageError(f"--prices {path} is not a price table's JSON: {exc}") from exc
+    except OSError as exc:
+        raise UsageError(f"--prices {path}: cannot read it ({exc.strerror or exc})") from exc
     return _parse(doc, path)

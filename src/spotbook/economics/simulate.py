@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import UsageError
 from .._models import BACKGROUND_PAUSE_ESTIMATE, SnapshotPolicy
 from .._models import young_daly as young_daly  # the interval, defined with the policy
 from .._status import describe
@@ -82,7 +83,10 @@ def profile_from_run(store: RunStore) -> Profile:
     cost (the kernel's side), and its attempts' kernel start and restore times."""
     records = store.cell_records()
     if not records:
-        raise ValueError(f"the run in {store.url} has no finished cells to measure")
+        raise UsageError(
+            f"the run in {store.url} has no finished cells to measure: simulate takes a run "
+            "that has run (`spotbook run` or `spotbook resume` it first)"
+        )
     cells = tuple(float(records[i].get("duration") or 0.0) for i in sorted(records))
     costs = []  # what each snapshot stopped the notebook for
     writes = []  # what writing each took (the same for a synchronous one)

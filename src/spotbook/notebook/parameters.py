@@ -48,6 +48,8 @@ def _load_yaml_mapping(text: str, where: str) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ParameterError(f"{where} is not valid YAML: {exc}") from exc
+    except RecursionError:  # nested past the parser's stack
+        raise ParameterError(f"{where} is not valid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
