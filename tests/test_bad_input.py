@@ -196,6 +196,8 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
     ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
     ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
+    ("-f /dev/zero", {"in.ipynb": nb()}, [*RUN, "-f", "/dev/zero"], 2, "larger than 64 MiB", "none"),
+    ("-y alias bomb", {"in.ipynb": nb()}, [*RUN, "-y", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b, *b, *b, *b, *b, *b]"], 2, "uses a YAML alias", "none"),
     ("-f nested past the parser", {"in.ipynb": nb(), "deep.yaml": "[" * 100_000 + "]" * 100_000}, [*RUN, "-f", "deep.yaml"], 2, "nested too deeply", "none"),
     ("cost --prices nested past the parser", {"deep.json": "[" * 100_000 + "]" * 100_000}, ["cost", "rd", "--prices", "deep.json"], 2, "--prices deep.json is not a price table", "none"),
     ("--run-dir where no folder can be made", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--run-dir", "/proc/self/x"], 2, "give --run-dir a directory", "none"),

@@ -43,8 +43,15 @@ def resolve_type(value: str) -> Any:
         return value
 
 
+MAX_PARAMETERS_FILE = 64 << 20  # a -f file's size at most
+
+
 def _load_yaml_mapping(text: str, where: str) -> dict[str, Any]:
     try:
+        # an alias (*name) can make a few lines stand for gigabytes (the "billion laughs"):
+        # parameters have no use for one, so none is taken
+        if "*" in text and any(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text)):
+            raise ParameterError(f"{where} uses a YAML alias (*name); write the value out instead")
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ParameterError(f"{where} is not valid YAML: {exc}") from exc
@@ -98,7 +105,14 @@ def collect_parameters(
     for name in files:
         path = Path(name)
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as fh:  # bounded: -f /dev/zero must not read forever
+                data = fh.read(MAX_PARAMETERS_FILE + 1)
+            if len(data) > MAX_PARAMETERS_FILE:
+                raise ParameterError(
+                    f"parameters file {name!r} (-f) is larger than "
+                    f"{MAX_PARAMETERS_FILE >> 20} MiB: not a file of parameters"
+                )
+            text = data.decode("utf-8")
         except FileNotFoundError as exc:
             raise ParameterError(f"parameters file {name!r} (-f) does not exist") from exc
         except (OSError, UnicodeDecodeError) as exc:
