@@ -196,6 +196,7 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
     ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
     ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
+    ("key file /dev/zero", {"in.ipynb": nb()}, RUN, 2, "larger than 64 KiB: it holds no key", "none"),
     ("-f /dev/zero", {"in.ipynb": nb()}, [*RUN, "-f", "/dev/zero"], 2, "larger than 64 MiB", "none"),
     ("-y alias bomb", {"in.ipynb": nb()}, [*RUN, "-y", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b, *b, *b, *b, *b, *b]"], 2, "uses a YAML alias", "none"),
     ("-f nested past the parser", {"in.ipynb": nb(), "deep.yaml": "[" * 100_000 + "]" * 100_000}, [*RUN, "-f", "deep.yaml"], 2, "nested too deeply", "none"),
@@ -204,7 +205,10 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
 ]
 # fmt: on
 
-ENVS = {"worker with half the classic variables": {"BUCKET_NAME": "b"}}
+ENVS = {
+    "worker with half the classic variables": {"BUCKET_NAME": "b"},
+    "key file /dev/zero": {"SPOTBOOK_SNAPSHOT_KEY_FILE": "/dev/zero"},
+}
 
 
 @pytest.mark.parametrize(

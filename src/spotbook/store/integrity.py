@@ -65,6 +65,15 @@ class Key:
         return hmac.new(self.secret, b"spotbook key id", hashlib.sha256).hexdigest()[:16]
 
 
+_MAX_KEY = 64 << 10  # a key file holds a key: a few dozen bytes, never a stream
+
+
+def _bounded_key(data: bytes, path: str) -> bytes:
+    if len(data) > _MAX_KEY:  # /dev/zero, a log file: read no further
+        raise UsageError(f"the key file {path!r} is larger than 64 KiB: it holds no key")
+    return data.strip()
+
+
 def load_key(create: bool = True) -> Key:
     """The key this process signs and checks with (see the module's docstring)."""
     value = os.environ.get(KEY_ENV, "").strip()
@@ -74,7 +83,7 @@ def load_key(create: bool = True) -> Key:
     if path:
         try:
             with open(path, "rb") as fh:
-                data = fh.read().strip()
+                data = _bounded_key(fh.read(_MAX_KEY + 1), path)
         except OSError as exc:
             raise UsageError(
                 f"${KEY_FILE_ENV} names {path!r}, which cannot be read ({exc.strerror}); "
@@ -105,7 +114,7 @@ def _user_key(path: str, create: bool) -> Key:
                 f"the spotbook key {path} can be read by other users (mode "
                 f"{stat.S_IMODE(mode):o}); make it private with `chmod 600 {path}`"
             )
-        data = fh.read().strip()
+        data = _bounded_key(fh.read(_MAX_KEY + 1), path)
     if not data:
         raise UsageError(f"the spotbook key {path} is empty; delete it to make a new one")
     return Key(data, path)
