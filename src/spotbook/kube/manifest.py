@@ -181,6 +181,31 @@ class JobOptions:
             )
         if not _LABEL_VALUE.match(self.run_id):
             raise UsageError(f"run id {self.run_id!r} cannot be a Kubernetes label value")
+        # what the API server would refuse, or a pod that could never run: said here,
+        # before the store is written or a manifest is printed
+        if not self.image or not _IMAGE.match(self.image):
+            raise UsageError(
+                f"--image {self.image!r} is not an image reference (such as "
+                "us-docker.pkg.dev/p/r/spotbook:1 or ghcr.io/org/img@sha256:...)"
+            )
+        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if value is not None and not (_QUANTITY.match(value) and float_quantity(value) > 0):
+                raise UsageError(
+                    f"{flag} {value!r} is not a positive Kubernetes quantity (cpu: 4, 500m; "
+                    "memory: 16Gi, 512Mi)"
+                )
+        if self.service_account is not None and not _DNS_SUBDOMAIN.match(self.service_account):
+            raise UsageError(
+                f"--service-account {self.service_account!r} is not a valid name (a DNS "
+                "subdomain: lowercase letters, digits, '-' and '.')"
+            )
+        if self.gpu_count > MAX_GPUS:
+            raise UsageError(f"--gpu: {self.gpu_count} GPUs is more than any node has")
+        for flag, secs in (("--ttl", self.ttl_seconds), ("--deadline", self.deadline_seconds)):
+            if secs is not None and not 0 <= secs <= _INT32:
+                raise UsageError(f"{flag}: {secs} s is out of Kubernetes' range (0 to 68 years)")
+        if not 0 <= self.backoff_limit <= _INT32:
+            raise UsageError(f"--backoff-limit {self.backoff_limit} is out of range (0 or more)")
         if not _DNS_LABEL.match(self.namespace):
             raise UsageError(f"--namespace {self.namespace!r} is not a valid namespace name")
         for name in (*self.env_from_secrets, *(s for _, s, _ in self.secret_env)):
@@ -210,6 +235,23 @@ class JobOptions:
                 f"spotbook needs up to {SAVE_BUDGET:g} s to save: the pod would be killed "
                 f"before it saved; give --grace {most:g} or less"
             )
+
+
+# a container image reference as the API server takes one: no spaces or control characters
+# (the kubelet then parses it; a newline made a Job that could never start)
+_IMAGE = re.compile(r"^[^\s\x00-\x1f\x7f]{1,4096}$")
+# a Kubernetes resource quantity, as the API server parses it
+_QUANTITY = re.compile(
+    r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+)
+_INT32 = 2**31 - 1
+MAX_GPUS = 64  # more than any node offers: a pod asking for more could never be scheduled
+
+
+def float_quantity(text: str) -> float:
+    """A quantity's number, units folded in (only to tell zero from more)."""
+    m = re.match(r"^([0-9.]+)", text)
+    return float(m.group(1)) if m and m.group(1) != "." else 0.0
 
 
 # Kubernetes' limit on completions of an Indexed Job with backoffLimitPerIndex
