@@ -195,7 +195,8 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("worker with half the classic variables", {}, ["worker"], 2, "DOWNLOAD_FILE_PATH is not set", "none"),
     # -- numbers and paths checked before anything is written ---------------------
     ("--snapshot-interval nan", {"in.ipynb": nb()}, [*RUN, "--snapshot-interval", "nan"], 2, "--snapshot-interval must be a finite", "none"),
-    ("simulate --trials 0", {}, ["simulate", "--from", "rd", "--trials", "0"], 2, "--trials must be 1 or more", "none"),
+    ("simulate --trials 1e9", {}, ["simulate", "--from", "rd", "--trials", "1000000000"], 2, "--trials must be 1 to 100000", "none"),
+    ("simulate --trials 0", {}, ["simulate", "--from", "rd", "--trials", "0"], 2, "--trials must be 1 to 100000", "none"),
     ("simulate --delay nan", {}, ["simulate", "--from", "rd", "--delay", "nan"], 2, "--delay must be a finite", "none"),
     ("simulate --interval inf", {}, ["simulate", "--from", "rd", "--interval", "inf"], 2, "--interval must be a positive, finite", "none"),
     ("--stdout-file in a missing folder", {"in.ipynb": nb()}, [*RUN, "--stdout-file", "missing/x.txt"], 2, "does not exist; make it first", "none"),
@@ -337,3 +338,16 @@ def test_simulating_a_run_with_no_finished_cell_says_so(tmp_path: Path) -> None:
     r = cli("simulate", "--from", "rd", cwd=tmp_path)
     assert r.returncode == 2 and "no finished cells to measure" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_simulate_refuses_what_would_never_end(tmp_path: Path) -> None:
+    """A day-long job simulates in seconds; a billion hours or a preemption every
+    microsecond would run for hours or without end: refused, exit 2."""
+    (tmp_path / "in.ipynb").write_text(nb())
+    assert cli(*RUN, cwd=tmp_path).returncode == 0
+    for flags, said in (
+        (["--duration", "99999999h"], "at most a year"),
+        (["--hazard", "1000000000/h"], "at most 3600 preemptions an hour"),
+    ):
+        r = cli("simulate", "--from", "rd", *flags, cwd=tmp_path)
+        assert r.returncode == 2 and said in r.stderr, (flags, r.stderr)

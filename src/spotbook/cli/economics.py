@@ -138,8 +138,14 @@ def _check_simulate_flags(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--interval must be a positive, finite number of seconds, not {args.interval}"
         )
-    if args.trials < 1:
-        raise UsageError(f"--trials must be 1 or more, not {args.trials}")
+    if not 1 <= args.trials <= MAX_TRIALS:
+        raise UsageError(f"--trials must be 1 to {MAX_TRIALS}, not {args.trials}")
+
+
+# bounds on what simulate is asked: past them it would run for hours or without end
+MAX_TRIALS = 100_000
+MAX_DURATION = 365 * 86400  # a year of node time
+MAX_HAZARD = 3600.0  # one preemption a second
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -155,9 +161,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     _check_simulate_flags(args)
     profile = profile_from_run(open_run(args.run))
     duration = _duration(args.duration)
+    hazard = _rate(args.hazard)
+    if duration is not None and duration > MAX_DURATION:
+        raise UsageError(f"--duration {args.duration}: at most a year (365d)")
+    if hazard > MAX_HAZARD:
+        raise UsageError(f"--hazard {args.hazard}: at most {MAX_HAZARD:g} preemptions an hour")
     if duration is not None:
         profile = profile.tiled(duration)
-    hazard = _rate(args.hazard)
     trace = _trace(args.trace)
     mtbf = HOUR / hazard if hazard else float("inf")
     optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard else None
