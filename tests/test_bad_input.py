@@ -351,3 +351,19 @@ def test_simulate_refuses_what_would_never_end(tmp_path: Path) -> None:
     ):
         r = cli("simulate", "--from", "rd", *flags, cwd=tmp_path)
         assert r.returncode == 2 and said in r.stderr, (flags, r.stderr)
+
+
+def test_attempt_fields_of_the_wrong_type_are_named_not_a_traceback(tmp_path: Path) -> None:
+    """status and cost read attempt records before any seal check (they show what they
+    can): a field of the wrong type is refused by name, exit 2; resume refuses the seal."""
+    (tmp_path / "in.ipynb").write_text(nb())
+    assert cli(*RUN, cwd=tmp_path).returncode == 0
+    rec_path = tmp_path / "rd" / "attempts" / "0001.json"
+    rec = json.loads(rec_path.read_text())
+    for field, bad in (("started", [1]), ("pid", "y"), ("outcome", 3), ("replayed", "x")):
+        rec_path.write_text(json.dumps({**rec, field: bad}))
+        for argv in (["status", "rd"], ["cost", "rd"], ["status", "rd", "--json"]):
+            r = cli(*argv, cwd=tmp_path)
+            assert r.returncode == 2, (field, argv, r.stderr)
+            assert f"attempts/0001.json: field {field!r} is" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr

@@ -55,7 +55,7 @@ from .._errors import (
     StoreIntegrityError,
     UsageError,
 )
-from .._models import CellStatus
+from .._models import AttemptRecord, CellStatus
 from .backends import _atomic_local, backend_for, transient, with_retries
 from .integrity import (
     SEAL_FORMAT,
@@ -104,6 +104,28 @@ def library_runs_dir() -> str:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spotbook"
     )
     return os.path.join(base, "runs")
+
+
+# the Python types of an attempt record's fields (``AttemptRecord``): a field read from a
+# store that is not of its type is refused by name, not met later as a traceback
+def _attempt_types() -> dict[str, tuple[type, ...]]:
+    import types
+    import typing
+
+    out: dict[str, tuple[type, ...]] = {}
+    for name, hint in typing.get_type_hints(AttemptRecord).items():
+        origin = typing.get_origin(hint) or hint
+        if origin in (typing.Union, types.UnionType):
+            args = [typing.get_origin(a) or a for a in typing.get_args(hint) if a is not type(None)]
+        else:
+            args = [origin]
+        # a TypedDict is a dict as read from JSON
+        kinds = tuple(dict if issubclass(a, dict) else a for a in args if isinstance(a, type))
+        if float in kinds:
+            kinds = (*kinds, int)  # a whole number of seconds is a number of seconds
+        if kinds:
+            out[name] = kinds
+    return out
 
 
 def parse_json(data: bytes) -> Any:
@@ -451,16 +473,39 @@ class RunStore:
 
     def attempts(self) -> list[dict[str, Any]]:
         """The attempt records; once sealed, checked, and only since the last --restart
-        (what came before it is discarded, and may not hold this run's seal)."""
+        (what came before it is discarded, and may not hold this run's seal). Each
+        field is of its type (``AttemptRecord``), else StoreIntegrityError names it."""
+        return [self._typed_attempt(n, doc) for n, doc in self._attempts()]
+
+    def _typed_attempt(self, n: int, doc: Any) -> dict[str, Any]:
+        rel = f"{self.url}/attempts/{n:04d}.json"
+        if not isinstance(doc, dict):
+            raise StoreIntegrityError(f"{rel} is not an attempt record (not a JSON object)")
+        for name, value in doc.items():
+            want = _ATTEMPT_TYPES.get(name)
+            if want is None or value is None:
+                continue
+            ok = isinstance(value, want) and not (isinstance(value, bool) and want != (bool,))
+            if not ok:
+                raise StoreIntegrityError(
+                    f"{rel}: field {name!r} is {type(value).__name__}, not "
+                    f"{' or '.join(t.__name__ for t in want)}; it was not used. Inspect the "
+                    "store, or start the run over with `spotbook run ... --restart`"
+                )
+        return doc
+
+    def _attempts(self) -> list[tuple[int, dict[str, Any]]]:
         if self.seal is None:
-            return [self.read_json(f"attempts/{n:04d}.json") or {} for n in self.attempt_numbers()]
-        out: list[dict[str, Any]] = []
+            return [
+                (n, self.read_json(f"attempts/{n:04d}.json") or {}) for n in self.attempt_numbers()
+            ]
+        out: list[tuple[int, dict[str, Any]]] = []
         for n in reversed(self.attempt_numbers()):
             rel = f"attempts/{n:04d}.json"
             doc = self._check(rel, self.read_json(rel))
             if doc.get("attempt") != n:
                 raise self.seal.refuse(rel, f"says it is attempt {doc.get('attempt')}")
-            out.append(doc)
+            out.append((n, doc))
             if doc.get("restart"):
                 break
         return out[::-1]
@@ -692,3 +737,6 @@ class RunStore:
     def write_files_manifest(self, attempt: int, seq: int, doc: dict[str, Any]) -> None:
         rel = f"files/a{attempt:04d}-{seq:06d}.json"
         self.write_json(rel, self._sign(rel, doc))
+
+
+_ATTEMPT_TYPES = _attempt_types()
