@@ -80,9 +80,12 @@ def test_unsafe_to_fork_falls_back_to_synchronous_and_says_why(tmp_path: Path) -
     write_notebook(
         tmp_path / "t.ipynb",
         "import threading\nstop = threading.Event()\n"
-        "threading.Thread(target=stop.wait, name='waiter', daemon=True).start()\nx = 1",
+        "waiter = threading.Thread(target=stop.wait, name='waiter', daemon=True)\n"
+        "waiter.start()\nx = 1",
         "y = x + 1",
-        "stop.set()\nz = y + 1",
+        # joined: the thread is gone before the snapshot after this cell looks for it
+        # (set() alone left it a moment to end, which a loaded machine could outlast)
+        "stop.set()\nwaiter.join()\nz = y + 1",
         "print(z)",
     )
     r = cli(
