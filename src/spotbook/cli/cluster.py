@@ -267,10 +267,11 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _stop_local(store: RunStore) -> int:
     """cancel of a run on this machine: its runner stops as on Ctrl-C, progress kept."""
-    from .._models import EXIT_MARGIN, SAVE_BUDGET, Limits
+    from .._models import EXIT_MARGIN, SAVE_BUDGET
     from .._status import describe
+    from ..ops.runs import run_grace
 
-    grace = float((store.require_run()["spec"].get("limits") or {}).get("grace", Limits().grace))
+    grace = run_grace(store.require_run())
     runner, ended = stop_local_run(store, timeout=grace + SAVE_BUDGET + EXIT_MARGIN + 5.0)
     if not ended:
         raise CommandFailedError(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CommandFailedError, UsageError
-from .._models import SAVE_BUDGET, Limits, Outcome, RunStatus
+from .._models import SAVE_BUDGET, Outcome, RunStatus
 from .._status import ClusterView, RunReport, alive, describe
 from ..kube.jobs import JOB_RECORD
 from ..store.runstore import RunStore
@@ -116,11 +116,11 @@ def _drill_local(store: RunStore, run: dict[str, Any], say: Say) -> tuple[float,
     """SIGTERM the local runner and wait for it to stop: (seconds, killed, pid). The
     runner is found as ``cancel`` finds it: a sealed attempt record, and a process that
     holds the run's mark open (a pid in a record alone could name any process)."""
-    from .runs import local_runner
+    from .runs import local_runner, run_grace
 
     runner = local_runner(store)
     pid = runner.pid
-    grace = float((run["spec"].get("limits") or {}).get("grace", Limits().grace))
+    grace = run_grace(run)
     n = runner.attempt
     t0 = time.monotonic()
     os.kill(pid, signal.SIGTERM)

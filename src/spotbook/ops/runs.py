@@ -391,6 +391,13 @@ def _holds(pid: int, run_id: str) -> bool:
     return False
 
 
+def run_grace(run: dict[str, Any]) -> float:
+    """The --grace a run was started with (run.json's spec), else the default."""
+    from .._models import Limits
+
+    return float((run["spec"].get("limits") or {}).get("grace", Limits().grace))
+
+
 def stop_local_run(run: str | RunStore, timeout: float) -> tuple[LocalRunner, bool]:
     """Stop a run running on this machine as Ctrl-C would (the user's stop: progress
     saved, resumable, no preemption counted); wait up to ``timeout`` seconds for its
