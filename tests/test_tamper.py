@@ -18,6 +18,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -597,6 +598,37 @@ def test_local_store_and_key_are_private_under_umask_022(tmp_path: Path) -> None
     assert stat.S_IMODE((config / "key").stat().st_mode) == 0o600
     assert stat.S_IMODE(config.stat().st_mode) == 0o700
     assert not (tmp_path / "rd" / "key").exists()  # the key is never in the store
+
+
+def test_processes_starting_together_agree_on_one_new_key(tmp_path: Path) -> None:
+    """The first runs on a fresh machine (a sweep's points) make the key at once: each
+    gets the whole key, the same one, and no half-written file is ever read."""
+    config, gate = tmp_path / "config", tmp_path / "go"
+    script = (
+        "import os, sys, time\n"
+        "from spotbook.store.integrity import load_key\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "while not os.path.exists(sys.argv[1]):\n"
+        "    time.sleep(0.0005)  # a poll: the test's gate file is the event\n"
+        "print(load_key().secret.hex())\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(gate), str(tmp_path / f"ready{i}")],
+            env={**os.environ, "SPOTBOOK_CONFIG_DIR": str(config)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(12)
+    ]
+    wait_for(lambda: all((tmp_path / f"ready{i}").exists() for i in range(12)), what="ready")
+    gate.touch()  # all twelve at the gate: they make the key at once
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in results]
+    keys = {out.strip() for out, _ in results}
+    assert len(keys) == 1 and len(keys.pop()) == 128  # 64 hex characters, as bytes in hex
+    assert sorted(os.listdir(config)) == ["key"]  # no temporary file left beside it
 
 
 def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:

@@ -123,15 +123,22 @@ def _user_key(path: str, create: bool) -> Key:
 def _create_user_key(path: str) -> Key:
     directory = os.path.dirname(path)
     make_private_dirs(directory)
+    # written whole under a name of its own, then linked into place: a process starting at
+    # the same moment (a sweep's first points) never reads a key half written
+    tmp = os.path.join(directory, f".key-{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:  # another process made it first: use theirs
-        return _user_key(path, create=False)
-    with os.fdopen(fd, "wb") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(secrets.token_hex(32).encode())
-        fh.flush()
-        os.fsync(fh.fileno())
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)
+            fh.write(secrets.token_hex(32).encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # another process made it first: use theirs
+            return _user_key(path, create=False)
+    finally:
+        os.unlink(tmp)
     log.info("created the spotbook key %s (keep it private; runs are checked with it)", path)
     return _user_key(path, create=False)
 
