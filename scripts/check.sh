@@ -41,4 +41,5 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 echo "== ruff ($(date +%T))"; ruff check src tests bench; ruff format --check src tests bench
 echo "== mypy"; mypy
+echo "== import contracts"; lint-imports --no-cache
 echo "== pytest ($(date +%T))"; python -m pytest "$@"

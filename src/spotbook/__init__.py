@@ -6,8 +6,6 @@ help a long cell save its own progress before the node goes away.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +42,7 @@ from ._models import (
     SnapshotMode,
     SnapshotPolicy,
 )
+from ._models import __version__ as __version__
 from .kernel.helpers import checkpoint_dir, preempted, record
 
 if TYPE_CHECKING:
@@ -69,8 +68,9 @@ if TYPE_CHECKING:
         run_outputs,
         run_status,
         stop_local_run,
+        wait_for_job,
     )
-    from .ops.submit import Submitted, job_manifest, submit_notebook, wait_for_job
+    from .ops.submit import Submitted, job_manifest, submit_notebook
     from .ops.sweep import (
         PointOptions,
         PointRow,
@@ -113,7 +113,7 @@ _LAZY = {
     "render_report": ".view.report",
     "submit_notebook": ".ops.submit",
     "job_manifest": ".ops.submit",
-    "wait_for_job": ".ops.submit",
+    "wait_for_job": ".ops.runs",
     "Submitted": ".ops.submit",
     "drill": ".ops.drill",
     "DrillReport": ".ops.drill",

@@ -245,7 +245,7 @@ def prepare_run(
 ) -> RunStore:
     """Freeze the parameterised notebook into a run store (or reopen a matching one).
 
-    The run is sealed with ``key`` (default: this machine's, see ``_integrity``).
+    The run is sealed with ``key`` (default: this machine's, see ``store/integrity.py``).
     ``here``: the run will execute on this machine, so its kernel must be installed here
     (``submit`` passes False: the kernel is in the image). Without ``run_dir`` the store
     is ``runs_dir/<run id>`` (default: ``.spotbook/runs`` here). ``report_mode`` hides
@@ -414,7 +414,7 @@ def execute_notebook(
     Progress is committed to the run store after every cell, and a run killed
     part-way is resumed by calling this again with the same ``run_dir`` (or
     ``spotbook resume``). Without ``run_dir`` the store goes in the user's cache
-    (``_store.library_runs_dir``), never the working directory. Raises
+    (``store.runstore.library_runs_dir``), never the working directory. Raises
     :class:`spotbook.CellExecutionError` when a cell fails, after writing the output
     notebook with the failure marked (also a papermill ``PapermillExecutionError`` where
     papermill is loaded).

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import math
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
 from ._errors import UsageError
+
+__version__ = "0.1.0"  # pyproject.toml's version
 
 
 class RunStatus(enum.StrEnum):
@@ -475,3 +479,28 @@ EXIT_CODES_FAIL_JOB = frozenset(
         EXIT_KERNEL_DIED,
     }
 )
+
+
+def epoch(stamp: str | None) -> float | None:
+    """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), or None."""
+    if not stamp:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie waiting to be reaped does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

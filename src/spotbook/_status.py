@@ -16,25 +16,11 @@ from ._models import (
     Outcome,
     RunSpec,
     RunStatus,
+    alive,
+    epoch,
 )
-from .kube.jobs import CANCELLED, JOB_RECORD, epoch
 from .notebook import document as nbs
-from .store.runstore import LOCAL_RUNS, RunStore
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie waiting to be reaped does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+from .store.runstore import CANCELLED, JOB_RECORD, LOCAL_RUNS, RunStore
 
 
 def _attempt_outcomes(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:

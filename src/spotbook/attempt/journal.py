@@ -16,7 +16,6 @@ import logging
 import time
 from typing import Any, Unpack
 
-from .. import __version__
 from .._errors import PreemptionBudgetError, StorageError, SupersededError
 from .._models import (
     INTERRUPTED_OUTCOMES,
@@ -25,6 +24,7 @@ from .._models import (
     Outcome,
     RunSpec,
     RunStatus,
+    __version__,
 )
 from ..notebook import document as nbs
 from ..store.runstore import CellKey, RunStore

@@ -66,7 +66,7 @@ class Pending:
 
 
 def _alive(pid: int) -> bool:
-    from .._status import alive
+    from .._models import alive
 
     return alive(pid)
 

@@ -10,19 +10,17 @@ import time
 from typing import Any
 
 from .._errors import CommandFailedError, UsageError
-from ..kube.jobs import JOB_RECORD
 from ..kube.manifest import JobOptions
 from ..ops.fallback import FallbackPolicy
+from ..ops.jobs import cluster_for, job_record
 from ..ops.runs import (
     cancel_run,
-    cluster_for,
-    job_record,
     open_run,
     recover_run,
     run_outputs,
     stop_local_run,
 )
-from ..store.runstore import RunStore
+from ..store.runstore import JOB_RECORD, RunStore
 from .parser import snapshot_policy
 from .run import _check_engine, _limits, _parameters, _stdin_notebook
 
@@ -99,7 +97,8 @@ def fallback_policy(args: argparse.Namespace) -> FallbackPolicy:
 
 
 def _cmd_wait(args: argparse.Namespace) -> int:
-    from ..ops.submit import Submitted, wait_for_job
+    from ..ops.runs import wait_for_job
+    from ..ops.submit import Submitted
 
     store = open_run(args.run, context=args.context, namespace=args.namespace)
     record = job_record(store)
@@ -118,12 +117,12 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
+    from ..ops.runs import wait_for_job
     from ..ops.submit import (
         check_locations,
         job_manifest,
         submit_notebook,
         submit_warnings,
-        wait_for_job,
     )
 
     check_locations(args.run_dir, args.output)

@@ -7,10 +7,10 @@ import logging
 import os
 from typing import Any
 
-from .. import __version__
 from .._models import (
     Limits,
     SnapshotPolicy,
+    __version__,
     parse_rate,
     parse_size,
 )

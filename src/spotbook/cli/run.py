@@ -29,9 +29,8 @@ from .._status import describe
 from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
 from ..attempt.runner import Runner, RunResult
-from ..kube.jobs import CANCELLED
 from ..notebook.parameters import Parameter, collect_parameters
-from ..store.runstore import LOCAL_RUNS, RunStore, resolve_run
+from ..store.runstore import CANCELLED, LOCAL_RUNS, RunStore, resolve_run
 from .parser import snapshot_policy
 
 log = logging.getLogger("spotbook")

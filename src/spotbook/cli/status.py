@@ -13,8 +13,8 @@ from typing import Any
 from .._errors import SpotbookError
 from .._models import AttemptRecord, NoticeCell
 from ..kube.manifest import ANNOTATION_RUN_DIR
+from ..ops.jobs import cluster_for
 from ..ops.runs import (
-    cluster_for,
     gc_runs,
     list_runs,
     open_run,

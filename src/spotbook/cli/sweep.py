@@ -79,7 +79,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: PointOptions) -> int:
     import dataclasses
 
-    from ..ops.submit import check_locations, job_manifest, submit_warnings, wait_for_job
+    from ..ops.runs import wait_for_job
+    from ..ops.submit import check_locations, job_manifest, submit_warnings
     from .cluster import _print_manifest, job_options
 
     if not args.image:

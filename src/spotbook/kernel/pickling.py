@@ -225,9 +225,10 @@ def rebuild_order(
 def view_of(
     root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
 ) -> Any:
-    import numpy  # only called when the snapshot held numpy arrays
-
-    return numpy.ndarray(shape, dtype=dtype, buffer=root, offset=offset, strides=strides)
+    # only called for a snapshot that held numpy arrays: unpickling ``dtype`` imported numpy
+    return sys.modules["numpy"].ndarray(
+        shape, dtype=dtype, buffer=root, offset=offset, strides=strides
+    )
 
 
 # -- capture ------------------------------------------------------------------------

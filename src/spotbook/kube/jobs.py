@@ -1,13 +1,13 @@
 """Runs as Kubernetes Jobs: where a Job and its pods stand, and following one to its end.
 
 Pure views over the Job and pod objects (``job_view``, ``pod_view``) and the follow
-loop; the cluster calls are in ``_kube`` and the manifest in ``_job_manifest``.
+loop; the cluster calls are in ``kube/cluster.py`` and the manifest in
+``kube/manifest.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import enum
 import queue
 import threading
@@ -15,11 +15,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._models import EXIT_CELL_ERROR, EXIT_OK, EXIT_STOPPED, EXIT_STORAGE, EXIT_TIMEOUT
+from .._models import (
+    EXIT_CELL_ERROR,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_STORAGE,
+    EXIT_TIMEOUT,
+    epoch,
+)
 from .manifest import LABEL_QUEUE
-
-JOB_RECORD = "job.json"  # in the run store: which cluster, namespace and Job run it
-CANCELLED = "cancelled.json"  # in the run store: the user cancelled the run
 
 
 class PodState(enum.StrEnum):
@@ -98,16 +102,6 @@ def _stuck(
         "the node comes back); or, if the node is shut down for good, taint it "
         "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
     )
-
-
-def epoch(stamp: str | None) -> float | None:
-    """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), or None."""
-    if not stamp:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def pod_view(

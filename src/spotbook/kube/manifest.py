@@ -7,9 +7,10 @@ Every field that decides whether a preemptible run survives is set on purpose:
   never write the run store at once (the store's fence handles the rest).
 - ``podFailurePolicy``: a disruption (spot reclaim, drain, eviction) is ignored, i.e. not
   counted against ``backoffLimit``; spotbook's exit codes for problems a retry cannot fix
-  (1 cell error, 2 bad input, 4 timeout, 5 preemption budget) fail the Job at once;
-  everything else (3 storage/infrastructure, 75 stopped without a DisruptionTarget,
-  OOM kills) counts against a small ``backoffLimit``.
+  (``_models.EXIT_CODES_FAIL_JOB``: a cell error, bad input, a timeout, the preemption
+  budget, a refused resume, a dead kernel) fail the Job at once; everything else
+  (3 storage/infrastructure, 75 stopped without a DisruptionTarget, OOM kills) counts
+  against a small ``backoffLimit``.
 - Tolerations and node affinity for the provider's spot and GPU labels and taints, a
   GPU limit, and short ``tolerationSeconds`` for unreachable/not-ready nodes, so a node
   that vanished without notice is given up on in about a minute instead of five.
@@ -46,7 +47,7 @@ DEFAULT_BACKOFF = 3
 # DisruptionTarget also marks node-pressure evictions, which a notebook that exhausts its
 # node's memory meets again on every fresh node.
 DEFAULT_MAX_PREEMPTIONS = 20
-# The run key (see _integrity): a Secret that `submit` creates or reuses, mounted as a
+# The run key (see store/integrity.py): a Secret that `submit` creates or reuses, mounted as a
 # file the runner reads; never an environment variable the notebook could see.
 DEFAULT_KEY_SECRET = "spotbook-run-key"
 KEY_SECRET_ITEM = "key"

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CommandFailedError, UsageError
-from .._models import SAVE_BUDGET, Outcome, RunStatus
-from .._status import ClusterView, RunReport, alive, describe
-from ..kube.jobs import JOB_RECORD
-from ..store.runstore import RunStore
-from .runs import _store, cluster_for, cluster_view
+from .._models import SAVE_BUDGET, Outcome, RunStatus, alive
+from .._status import ClusterView, RunReport, describe
+from ..store.runstore import JOB_RECORD, RunStore
+from .jobs import cluster_for
+from .runs import _store, cluster_view
 
 if TYPE_CHECKING:
     from ..attempt.context import RunnerOptions

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import UsageError
-from ..kube.jobs import JOB_RECORD, epoch
+from .._models import epoch
 from ..kube.manifest import JobOptions, build_job
-from ..store.runstore import RunStore
+from ..store.runstore import JOB_RECORD, RunStore
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster

@@ -3,20 +3,25 @@ was submitted (``spotbook status``, ``cancel``, ``recover``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import RunNotFoundError, SpotbookError, UsageError
-from .._models import Outcome, RunStatus, runner_mark
-from .._status import ClusterView, RunReport, alive, describe
-from ..kube.jobs import CANCELLED, JOB_RECORD, LIVE_STATES
+from .._models import Outcome, RunStatus, alive, runner_mark
+from .._status import ClusterView, RunReport, describe
+from ..kube.jobs import LIVE_STATES
 from ..kube.manifest import ANNOTATION_RUN_DIR
-from ..store.runstore import RunStore, is_url, resolve_run
+from ..store.runstore import CANCELLED, JOB_RECORD, RunStore, is_url, listing_fs, resolve_run
+from .fallback import FallbackPolicy, fall_back
+from .jobs import cluster_for, job_record
+from .submit import Submitted
+from .sweep import SWEEP_FILE, sweep_status
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster
@@ -25,21 +30,7 @@ if TYPE_CHECKING:
 # what the store says while the cluster may know better (the pod is pending, queued...)
 _STORE_UNSETTLED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.INTERRUPTED)
 
-
-def cluster_for(
-    context: str | None = None,
-    namespace: str | None = None,
-    record: dict[str, Any] | None = None,
-) -> Cluster:
-    """The cluster client: the context and namespace given, else the run's Job record's,
-    else the kubeconfig's."""
-    from ..kube.cluster import Cluster
-
-    record = record or {}
-    return Cluster(
-        context=context or record.get("context"),
-        namespace=namespace or record.get("namespace") or "",
-    )
+log = logging.getLogger(__name__)
 
 
 def open_run(run: str, *, context: str | None = None, namespace: str | None = None) -> RunStore:
@@ -65,18 +56,6 @@ def open_run(run: str, *, context: str | None = None, namespace: str | None = No
 
 def _store(run: str | RunStore, context: str | None, namespace: str | None) -> RunStore:
     return run if isinstance(run, RunStore) else open_run(run, context=context, namespace=namespace)
-
-
-def job_record(store: RunStore) -> dict[str, Any]:
-    """What ``submit`` recorded about the run's Job; a UsageError for a local run."""
-    record = store.read_json(JOB_RECORD)
-    if record is None:
-        raise UsageError(
-            f"the run in {store.url} was not submitted to a cluster; its notebook is in "
-            f"{store.url}/output.ipynb (`spotbook status {store.url}`)"
-        )
-    assert isinstance(record, dict)
-    return record
 
 
 def cluster_view(
@@ -250,11 +229,9 @@ def find_runs(base: str, depth: int = 3) -> RunListing:
     ``gs://bucket/runs``), in it or in its subfolders down to ``depth`` levels (a folder
     that is a run or a sweep is not looked into), each as ``run_status``/``sweep_status``
     give it."""
-    import fsspec
-
     listing = RunListing(base, [], [], [])
     try:
-        fs, root = fsspec.core.url_to_fs(base, **({} if not is_url(base) else _fresh(base)))
+        fs, root = listing_fs(base)
     except Exception as exc:
         listing.errors.append(f"{base}: cannot list it ({exc})")
         return listing
@@ -264,7 +241,6 @@ def find_runs(base: str, depth: int = 3) -> RunListing:
 
 
 def _find_under(fs: Any, root: str, base: str, depth: int, listing: RunListing) -> None:
-    from .sweep import SWEEP_FILE, sweep_status
 
     try:
         entries = fs.ls(root, detail=True)
@@ -290,10 +266,6 @@ def _find_under(fs: Any, root: str, base: str, depth: int, listing: RunListing) 
                 _find_under(fs, path, url, depth - 1, listing)
         except Exception as exc:
             listing.errors.append(f"{url}: {exc}")
-
-
-def _fresh(url: str) -> dict[str, Any]:
-    return {} if url.startswith(("file://", "local://")) else {"use_listings_cache": False}
 
 
 def cluster_runs(
@@ -571,3 +543,48 @@ def gc_runs(
         except SpotbookError as exc:
             skipped.append(f"{doc['run_id']}: {exc}")
     return done, skipped
+
+
+def wait_for_job(
+    submitted: Submitted,
+    *,
+    say: Callable[[str], None] | None = None,
+    cluster: Cluster | None = None,
+) -> int:
+    """Follow the Job until it ends, saying what happens (pods scheduled, preempted,
+    replaced); returns the run's exit code as ``spotbook run`` would have it."""
+    from .._status import describe
+    from ..kube.jobs import follow, job_view
+
+    tell = say or log.info
+    client = cluster or cluster_for(submitted.context, submitted.namespace)
+    run_id = submitted.run_id
+    store = RunStore(submitted.url)
+    record = store.read_json(JOB_RECORD) or {}
+    policy = FallbackPolicy(**(record.get("fallback_policy") or {}))
+    done = bool(record.get("fallback"))
+
+    def view() -> dict[str, Any]:
+        nonlocal done
+        current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
+        why = None if done or not policy.active else policy.reason(current, time.time())
+        if why is not None and current.get("state") not in ("succeeded", "failed", "gone"):
+            done = True
+            tell(f"falling back to on-demand nodes: {why}")
+            name = fall_back(client, store, why)
+            tell(f"Job {name} recreated on on-demand nodes; the run resumes there")
+            current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
+        return current
+
+    try:
+        code = follow(view, lambda: client.watch_job(run_id), tell)
+    finally:
+        if cluster is None:
+            client.close()
+    if store.exists("run.json"):
+        doc = describe(store)
+        tell(f"run {run_id} {doc['status']}: {doc['cells_done']}/{doc['cells_total']} cells")
+    else:  # a sweep
+        counts = sweep_status(submitted.url).counts()
+        tell(f"sweep {run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return int(code)

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import UsageError
 from .._models import Limits, SnapshotPolicy
-from ..kube.jobs import JOB_RECORD
 from ..kube.manifest import DEFAULT_KEY_SECRET, JobOptions, build_job, secret_looking
-from ..store.runstore import RunStore, is_url
-from .fallback import FallbackPolicy, fall_back, options_to_json
-from .runs import cluster_for
+from ..store.runstore import JOB_RECORD, is_url
+from .fallback import FallbackPolicy
+from .jobs import cluster_for, new_job_record
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster
@@ -164,7 +162,7 @@ def submit_notebook(
         job = dataclasses.replace(job, run_id=run_id)
         manifest = build_job(job)
         name = manifest["metadata"]["name"]
-        store.write_json(JOB_RECORD, job_record(cluster, job, name, fallback))
+        store.write_json(JOB_RECORD, new_job_record(cluster, job, name, fallback))
         cluster.create_job(manifest)
     return Submitted(
         run_id=run_id,
@@ -174,70 +172,3 @@ def submit_notebook(
         context=cluster.context_name,
         manifest=manifest,
     )
-
-
-def job_record(
-    cluster: Cluster, job: JobOptions, name: str, fallback: FallbackPolicy | None
-) -> dict[str, Any]:
-    """What the run store keeps about its Job: where it is, what it asked for (to make
-    it again on on-demand nodes), and the fallback policy."""
-    return {
-        "context": cluster.context_name,
-        "server": cluster.server,
-        "namespace": cluster.namespace,
-        "job": name,
-        "provider": job.provider,
-        "image": job.image,
-        "gpu_count": job.gpu_count,
-        "points": job.points,
-        "submitted": time.time(),
-        "options": options_to_json(job),
-        "fallback_policy": dataclasses.asdict(fallback or FallbackPolicy()),
-    }
-
-
-def wait_for_job(
-    submitted: Submitted,
-    *,
-    say: Callable[[str], None] | None = None,
-    cluster: Cluster | None = None,
-) -> int:
-    """Follow the Job until it ends, saying what happens (pods scheduled, preempted,
-    replaced); returns the run's exit code as ``spotbook run`` would have it."""
-    from .._status import describe
-    from ..kube.jobs import follow, job_view
-
-    tell = say or log.info
-    client = cluster or cluster_for(submitted.context, submitted.namespace)
-    run_id = submitted.run_id
-    store = RunStore(submitted.url)
-    record = store.read_json(JOB_RECORD) or {}
-    policy = FallbackPolicy(**(record.get("fallback_policy") or {}))
-    done = bool(record.get("fallback"))
-
-    def view() -> dict[str, Any]:
-        nonlocal done
-        current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
-        why = None if done or not policy.active else policy.reason(current, time.time())
-        if why is not None and current.get("state") not in ("succeeded", "failed", "gone"):
-            done = True
-            tell(f"falling back to on-demand nodes: {why}")
-            name = fall_back(client, store, why)
-            tell(f"Job {name} recreated on on-demand nodes; the run resumes there")
-            current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
-        return current
-
-    try:
-        code = follow(view, lambda: client.watch_job(run_id), tell)
-    finally:
-        if cluster is None:
-            client.close()
-    if store.exists("run.json"):
-        doc = describe(store)
-        tell(f"run {run_id} {doc['status']}: {doc['cells_done']}/{doc['cells_total']} cells")
-    else:  # a sweep
-        from .sweep import sweep_status
-
-        counts = sweep_status(submitted.url).counts()
-        tell(f"sweep {run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    return int(code)

@@ -42,7 +42,7 @@ from ..kernel.helpers import RECORD_MIME
 from ..kube.manifest import JobOptions
 from ..notebook.grid import varying
 from ..store.integrity import Key
-from ..store.runstore import RunStore, is_url, new_run_id, resolve_run
+from ..store.runstore import JOB_RECORD, RunStore, is_url, new_run_id, resolve_run
 from .submit import Submitted
 
 log = logging.getLogger(__name__)
@@ -444,10 +444,9 @@ def submit_sweep(
     (``max_failed_points`` of them stop the Job; default: none do)."""
     import dataclasses
 
-    from ..kube.jobs import JOB_RECORD
     from ..kube.manifest import build_job
-    from .runs import cluster_for
-    from .submit import check_locations, for_cluster, job_record
+    from .jobs import cluster_for, new_job_record
+    from .submit import check_locations, for_cluster
 
     o = options or PointOptions()
     check_locations(job.run_dir, o.output)
@@ -460,7 +459,7 @@ def submit_sweep(
         job = dataclasses.replace(job, run_id=sweep_id)
         manifest = build_job(job)
         name = manifest["metadata"]["name"]
-        RunStore(job.run_dir).write_json(JOB_RECORD, job_record(cluster, job, name, None))
+        RunStore(job.run_dir).write_json(JOB_RECORD, new_job_record(cluster, job, name, None))
         cluster.create_job(manifest)
     return Submitted(
         run_id=sweep_id,

@@ -1,4 +1,5 @@
-"""The run store: one layout on any fsspec URL. The only module that imports fsspec.
+"""The run store: one layout on any fsspec URL. With ``backends.py``, the only module that
+imports fsspec.
 
 Layout under the run's URL::
 
@@ -71,6 +72,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LOCAL_RUNS = os.path.join(".spotbook", "runs")
+JOB_RECORD = "job.json"  # which cluster, namespace and Job run it (written by submit)
+CANCELLED = "cancelled.json"  # the user cancelled the run
 _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
 _JSONL_RE = re.compile(r"^a(\d{4})\.jsonl$")
@@ -176,6 +179,14 @@ def _fs(url: str) -> tuple[Any, str]:
             f"cannot open {url!r}: {exc}; install the fsspec backend for that scheme "
             "(e.g. gcsfs for gs://, s3fs for s3://)"
         ) from exc
+
+
+def listing_fs(base: str) -> tuple[Any, str]:
+    """The filesystem and path of a folder or URL to look for runs under (``runs DIR``,
+    the dashboard): its client's own retries kept, its listings asked afresh."""
+    fresh = is_url(base) and not base.startswith(("file://", "local://"))
+    fs, path = fsspec.core.url_to_fs(base, **({"use_listings_cache": False} if fresh else {}))
+    return fs, str(path)
 
 
 def _one_request_per_try(fs: Any) -> None:

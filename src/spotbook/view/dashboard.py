@@ -24,7 +24,7 @@ from typing import Any
 
 from .._errors import RunNotFoundError, SpotbookError, UsageError
 from .._models import RunStatus
-from ..store.runstore import LOCAL_RUNS, RunStore, library_runs_dir
+from ..store.runstore import JOB_RECORD, LOCAL_RUNS, RunStore, library_runs_dir
 from .report import notebook_html, render_report, run_cost_or_none, stylesheet, summarize, templates
 from .timeline import timeline_svg
 
@@ -311,7 +311,6 @@ ACTION_HEADER = "X-Spotbook-Action"
 def run_action(url: str, action: str) -> str:
     """Do a dashboard button's action on the run at ``url``; what was done, in words.
     Raises SpotbookError (shown on the page) when it cannot be done."""
-    from ..kube.jobs import JOB_RECORD
     from ..ops.runs import cancel_run, remove_run, stop_local_run
 
     store = RunStore(url)
@@ -338,7 +337,6 @@ def resume_in_background(store: RunStore) -> str:
     import tempfile
 
     from .._status import describe
-    from ..kube.jobs import JOB_RECORD
 
     doc = describe(store)
     if store.exists(JOB_RECORD):
