@@ -27,6 +27,31 @@ class RunStatus(enum.StrEnum):
     RESUME_REFUSED = "resume-refused"
     CANCELLED = "cancelled"  # its Job was deleted by `spotbook cancel` before it succeeded
 
+    # The groupings every command uses (one place, so that they cannot disagree):
+    @classmethod
+    def of(cls, value: str) -> RunStatus | None:
+        """The status named ``value``, or None (a cluster's live state, such as 'queued')."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+    @property
+    def settled(self) -> bool:
+        """Over: nothing more happens unless the user resumes or reruns it (a sweep's
+        resume leaves such a point alone; a drill has no attempt left to wait for)."""
+        return self in (self.SUCCEEDED, self.FAILED, self.RESUME_REFUSED, self.CANCELLED)
+
+    @property
+    def unsettled(self) -> bool:
+        """Not over: it waits to start, runs, or waits to be resumed."""
+        return not self.settled
+
+    @property
+    def unsuccessful(self) -> bool:
+        """Over, and not as the notebook should end (a cell failed, or a resume refused)."""
+        return self in (self.FAILED, self.RESUME_REFUSED)
+
 
 def runner_mark(run_id: str) -> str:
     """The name of the file a runner holds open for its whole attempt (in its private

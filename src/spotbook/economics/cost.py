@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._models import INTERRUPTED_OUTCOMES
 from .._status import RunReport, describe
 from ..store.runstore import RunStore
 from .prices import Price, PriceTable
@@ -80,7 +81,7 @@ class CostReport:
         )
         return {
             "attempts": len(a),
-            "preemptions": sum(1 for x in a if x.outcome in ("preempted", "killed")),
+            "preemptions": sum(1 for x in a if x.outcome in INTERRUPTED_OUTCOMES),
             "node_hours": round(sum(x.node_seconds for x in a) / HOUR, 6),
             "gpu_hours": round(sum(x.gpu_seconds for x in a) / HOUR, 6),
             "overhead_hours": round(overhead / HOUR, 6),

@@ -54,6 +54,7 @@ class JobState(enum.StrEnum):
 
 # what the Job's view can tell while the run store has nothing more settled to say
 LIVE_STATES = (JobState.PENDING, JobState.QUEUED, JobState.RETRYING, JobState.RUNNING)
+ENDED_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.GONE)  # no pod will run again
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

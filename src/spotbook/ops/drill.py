@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
-_ENDED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -216,7 +215,8 @@ def _follow_recovery(
         events = _recovered(doc, before)
         if events:
             return events[0], doc["status"]
-        if doc["status"] in _ENDED:
+        status = RunStatus.of(doc["status"])
+        if status is not None and status.settled:
             say(f"the run {doc['status']} without another attempt; nothing to report")
             return None, doc["status"]
         if time.monotonic() > deadline:

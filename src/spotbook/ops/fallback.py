@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import UsageError
 from .._models import epoch
+from ..kube.jobs import PodState
 from ..kube.manifest import JobOptions, build_job
 from ..store.runstore import JOB_RECORD, RunStore
 
@@ -45,7 +46,7 @@ class FallbackPolicy:
                 return f"{n} preemptions (--fallback-after-preemptions {self.after_preemptions})"
         if self.after_pending is not None:
             pods = view.get("pods") or []
-            if pods and pods[-1].get("state") == "pending":
+            if pods and pods[-1].get("state") == PodState.PENDING:
                 since = epoch(pods[-1].get("created"))
                 if since is not None and now - since >= self.after_pending:
                     return (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import RunNotFoundError, SpotbookError, UsageError
 from .._models import Outcome, RunStatus, alive, runner_mark
 from .._status import ClusterView, RunReport, describe
-from ..kube.jobs import LIVE_STATES
+from ..kube.jobs import ENDED_STATES, LIVE_STATES
 from ..kube.manifest import ANNOTATION_RUN_DIR
 from ..store.runstore import CANCELLED, JOB_RECORD, RunStore, is_url, listing_fs, resolve_run
 from .fallback import FallbackPolicy, fall_back
@@ -27,8 +27,16 @@ if TYPE_CHECKING:
     from ..kube.cluster import Cluster
     from ..notebook.document import Notebook
 
+
 # what the store says while the cluster may know better (the pod is pending, queued...)
-_STORE_UNSETTLED = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.INTERRUPTED)
+def _live_status(doc: RunReport) -> None:
+    """A submitted run's status from its Job while the store has nothing settled to say
+    (the pod is pending, queued, retrying...)."""
+    live = (doc.get("cluster") or {}).get("state")
+    status = RunStatus.of(doc["status"])
+    if status is not None and status.unsettled and live in LIVE_STATES:
+        doc["status"] = live
+
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +99,7 @@ def run_status(
     status while the store has nothing more settled to say."""
     store = _store(run, context, namespace)
     doc = describe(store, cluster=cluster_view(context, namespace))
-    live = (doc.get("cluster") or {}).get("state")
-    if doc["status"] in _STORE_UNSETTLED and live in LIVE_STATES:
-        doc["status"] = live
+    _live_status(doc)
     return doc
 
 
@@ -291,9 +297,7 @@ def cluster_runs(
                 except Exception as exc:
                     listing.errors.append(f"Job {meta.get('name')}: {url}: {exc}")
                     continue
-                live = (doc.get("cluster") or {}).get("state")
-                if doc["status"] in _STORE_UNSETTLED and live in LIVE_STATES:
-                    doc["status"] = live
+                _live_status(doc)
                 listing.runs.append(doc)
     except (ClusterError, UsageError) as exc:
         listing.errors.append(f"cluster: {exc}")
@@ -568,7 +572,7 @@ def wait_for_job(
         nonlocal done
         current = job_view(client.get_job(run_id), client.pods(run_id), client.node_ready)
         why = None if done or not policy.active else policy.reason(current, time.time())
-        if why is not None and current.get("state") not in ("succeeded", "failed", "gone"):
+        if why is not None and current.get("state") not in ENDED_STATES:
             done = True
             tell(f"falling back to on-demand nodes: {why}")
             name = fall_back(client, store, why)

@@ -50,10 +50,6 @@ log = logging.getLogger(__name__)
 SWEEP_FILE = "sweep.json"
 POINTS_DIR = "points"
 GIB = 1024**3
-# statuses a point keeps once it has them: a resume of the sweep leaves it alone
-_SETTLED = frozenset(
-    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.RESUME_REFUSED, RunStatus.CANCELLED}
-)
 
 Say = Callable[[str], None]
 
@@ -125,9 +121,10 @@ class SweepTable:
         statuses = {r.status for r in self.rows}
         if statuses <= {RunStatus.SUCCEEDED}:
             return EXIT_OK
-        if statuses & {RunStatus.PENDING, RunStatus.RUNNING, RunStatus.INTERRUPTED}:
+        known = [s for s in map(RunStatus.of, statuses) if s is not None]
+        if any(s.unsettled for s in known):
             return EXIT_STOPPED
-        if statuses & {RunStatus.FAILED, RunStatus.RESUME_REFUSED}:
+        if any(s.unsuccessful for s in known):
             return EXIT_CELL_ERROR
         return EXIT_STORAGE
 
@@ -305,7 +302,7 @@ def run_points(
                 "`spotbook sweep` command again to create it"
             )
         status = describe(store)["status"]
-        if status in _SETTLED:
+        if RunStatus(status).settled:  # a resume of the sweep leaves it alone
             continue
         if status == RunStatus.RUNNING:
             tell(f"point {i} is running in another process; leaving it to that one")
