@@ -328,7 +328,9 @@ def test_retryable_errors_are_the_ones_the_job_retries() -> None:
         else:
             assert code in EXIT_CODES_FAIL_JOB and code != EXIT_STOPPED, cls
     assert {c.__name__ for c in classes if c.retryable} == {
+        "ClusterError",
         "CommandFailedError",
+        "KernelStartError",
         "StorageError",
         "SupersededError",
         "Terminated",

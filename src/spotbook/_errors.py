@@ -14,6 +14,7 @@
     │   ├── CellExecutionError          a cell raised
     │   └── KernelDiedError             the kernel process died during a cell
     ├── StorageError                    run store / output location        [retryable]
+    │   └── KernelStartError            the kernel did not start           [retryable]
     ├── SupersededError                 a newer attempt took over this run [retryable]
     ├── ExecutionTimeoutError           (also a builtin TimeoutError)
     │   ├── CellTimeoutError            one cell exceeded --execution-timeout
@@ -23,6 +24,7 @@
     │   └── SnapshotIntegrityError      a snapshot (manifest or blob) failed its check
     ├── ResumeRefusedError              --strict-resume: the resumed run could differ
     ├── CommandFailedError              a cloud command spotbook ran failed [retryable]
+    ├── ClusterError                    the Kubernetes API refused or failed [retryable]
     └── Terminated                      stopped on a signal, progress saved [retryable]
 
 ``retryable`` says, on every class, whether the same command may pass when run again
@@ -203,6 +205,10 @@ class StorageError(SpotbookError):
     retryable = True
 
 
+class KernelStartError(StorageError):
+    """The kernel did not start (infrastructure; a retry may pass)."""
+
+
 class SupersededError(SpotbookError):
     """Another, newer attempt took over this run; this one must stop writing."""
 
@@ -257,6 +263,12 @@ class ResumeRefusedError(SpotbookError):
 class CommandFailedError(SpotbookError):
     """A command spotbook ran for the user (a cloud plan's step, a drill's ``gcloud``)
     failed, or what it set off did not happen in time: fix the cause and run again."""
+
+    retryable = True
+
+
+class ClusterError(SpotbookError):
+    """The Kubernetes API refused or failed a request (exit 3: may pass on retry)."""
 
     retryable = True
 

@@ -36,15 +36,11 @@ from nbclient import NotebookClient
 from nbclient.client import timestamp
 from nbclient.exceptions import CellExecutionComplete
 
-from .._errors import KernelNotFoundError, StorageError
+from .._errors import KernelNotFoundError, KernelStartError
 
 log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[str, dict[str, Any]], None]
-
-
-class KernelStartError(StorageError):
-    """The kernel did not start (infrastructure; a retry may pass)."""
 
 
 class KernelDied(Exception):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from .._errors import (
     CellError,
+    ClusterError,
     CommandFailedError,
     ExecutionTimeoutError,
     KernelDiedError,
@@ -46,6 +47,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (ExecutionTimeoutError, EXIT_TIMEOUT),
     (StorageError, EXIT_STORAGE),
     (CommandFailedError, EXIT_STORAGE),
+    (ClusterError, EXIT_STORAGE),
     (SupersededError, EXIT_STORAGE),
     (ResumeRefusedError, EXIT_RESUME_REFUSED),
     (StoreIntegrityError, EXIT_USAGE),

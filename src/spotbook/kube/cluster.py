@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .._errors import SpotbookError, UsageError
+from .._errors import ClusterError, UsageError
 from ..store.integrity import Key
 from .manifest import CONTAINER, KEY_SECRET_ITEM, LABEL_MANAGED, LABEL_RUN, job_name
 
@@ -33,10 +33,6 @@ def _answer(exc: Any) -> tuple[int, str]:
     if isinstance(exc, ApiError):
         return exc.status.code or 0, exc.status.message or str(exc)
     return exc.response.status_code, exc.response.reason_phrase or "error"
-
-
-class ClusterError(SpotbookError):
-    """The Kubernetes API refused or failed a request (exit 3: may pass on retry)."""
 
 
 def _kubeconfig_path() -> str:

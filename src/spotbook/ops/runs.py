@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._errors import RunNotFoundError, SpotbookError, UsageError
+from .._errors import ClusterError, RunNotFoundError, SpotbookError, UsageError
 from .._models import Outcome, RunStatus, alive, runner_mark
 from .._status import ClusterView, RunReport, describe
 from ..kube.jobs import ENDED_STATES, LIVE_STATES
@@ -73,7 +73,6 @@ def cluster_view(
 ) -> ClusterView:
     """``describe``'s window on the cluster: the Job and its pods, or the error that kept
     them from view; through ``cluster`` when the caller holds one."""
-    from ..kube.cluster import ClusterError
     from ..kube.jobs import job_view
 
     def view(run_id: str, record: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +116,6 @@ def cancel_run(
 ) -> Cancelled:
     """Delete a submitted run's Job and mark the run cancelled (a worker will not start
     it again)."""
-    from ..kube.cluster import ClusterError
-
     store = _store(run, context, namespace)
     run_id = store.require_run()["spec"]["run_id"]
     record = job_record(store)
@@ -197,8 +194,6 @@ def run_logs(
     store = _store(run, context, namespace)
     record = store.read_json(JOB_RECORD)
     if record:
-        from ..kube.cluster import ClusterError
-
         try:
             run_id = store.require_run()["spec"]["run_id"]
             with cluster_for(context, namespace, record) as cluster:
@@ -279,8 +274,6 @@ def cluster_runs(
 ) -> RunListing:
     """The runs of the spotbook Jobs on the cluster, each read from the store its Job
     names, with the Job's live state (``run_status``)."""
-    from ..kube.cluster import ClusterError
-
     listing = RunListing("cluster", [], [], [])
     try:
         with cluster_for(context, namespace) as cluster:
