@@ -297,6 +297,44 @@ def test_cancel_deletes_the_job_and_the_worker_refuses_to_start(work: Path, kube
     assert again.returncode == 3 and "no Job" in again.stderr
 
 
+def test_a_changed_or_moved_job_record_is_refused_before_the_cluster_is_touched(
+    work: Path, kube: FakeKube
+) -> None:
+    """job.json says where the Job is and how to make it again (the fallback recreates it
+    with the user's credentials): a writer of the store who changes it (another image,
+    service account, namespace) or puts another run's there gets exit 2 naming it from
+    `wait`, `cancel`, `logs` and `status`, and the cluster is neither asked to delete nor
+    to create anything."""
+    rd, other = f"file://{work}/runs/a", f"file://{work}/runs/b"
+    for where in (rd, other):
+        r = cli(*submit_args(where, "--fallback-after-preemptions", "1"), cwd=work, env=kube.env)
+        assert r.returncode == 0, r.stderr
+    record = Path(work, "runs", "a", "job.json")
+    sealed = record.read_bytes()
+    doc = json.loads(sealed)
+    assert doc["mac"] and doc["key_id"]
+    doc["options"]["image"] = "evil:1"
+    doc["options"]["service_account"] = "cluster-admin"
+    doc["namespace"] = "kube-system"
+    changed = json.dumps(doc).encode()
+    moved = Path(work, "runs", "b", "job.json").read_bytes()
+    for forged in (changed, moved):
+        record.write_bytes(forged)
+        before = len(kube.state()["requests"])
+        for argv in (["wait", rd], ["cancel", rd], ["logs", rd], ["status", rd]):
+            r = cli(*argv, cwd=work, env=kube.env)
+            assert r.returncode == 2, (argv, r.stderr)
+            assert "job.json" in r.stderr and "integrity check" in r.stderr, (argv, r.stderr)
+        writes = [
+            q for q in kube.state()["requests"][before:] if q.split()[0] in ("POST", "DELETE")
+        ]
+        assert writes == [], writes
+    assert {j["spec"]["template"]["spec"]["containers"][0]["image"]
+            for j in kube.objects("jobs")} == {"img:1"}  # fmt: skip
+    record.write_bytes(sealed)  # the record as submit wrote it: followed as before
+    assert cli("status", rd, cwd=work, env=kube.env).returncode == 0
+
+
 def test_status_by_run_id_finds_the_job_on_the_cluster(work: Path, kube: FakeKube) -> None:
     rd = f"file://{work}/runs/byid"
     assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0

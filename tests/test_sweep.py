@@ -364,6 +364,12 @@ def test_a_submitted_sweep_replaces_a_preempted_index_and_fails_one_point(
     assert table.rows[2].results["acc"] == expected_acc(0.1, 2)
     shown = cli("sweep", "status", rd, cwd=tmp_path)
     assert "4 points: 2 failed, 2 succeeded" in shown.stdout
+    # the sweep's job.json is sealed too: `wait` read it above; a changed one is refused
+    record = tmp_path / "sw" / "job.json"
+    doc = json.loads(record.read_text())
+    record.write_text(json.dumps({**doc, "namespace": "kube-system"}))
+    again = cli("wait", rd, cwd=tmp_path, env=kube.env)
+    assert again.returncode == 2 and "job.json failed its integrity check" in again.stderr
 
 
 @pytest.mark.slow

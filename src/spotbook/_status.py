@@ -92,7 +92,8 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
         status = RunStatus.INTERRUPTED
     cancelled = status is not RunStatus.SUCCEEDED and store.exists(CANCELLED)
     job = store.read_json(JOB_RECORD) or {}
-    view = cluster(spec.run_id, job) if cluster is not None and job else {}
+    # the cluster is asked where the record's seal says (a changed record is refused)
+    view = cluster(spec.run_id, store.job_record() or {}) if cluster is not None and job else {}
     pods = view.get("pods") or []
     scheduled = {p["name"]: p["scheduled"] for p in pods if p.get("scheduled")}
     doc = RunReport(

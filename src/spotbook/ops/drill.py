@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import CommandFailedError, UsageError
 from .._models import SAVE_BUDGET, Outcome, RunStatus, alive
 from .._status import ClusterView, RunReport, describe
-from ..store.runstore import JOB_RECORD, RunStore
+from ..store.runstore import RunStore
 from .jobs import cluster_for
 from .runs import _store, cluster_view
 
@@ -78,7 +78,7 @@ def drill(
     store = _store(run, context, namespace)
     spec = store.require_run()
     run_id = spec["spec"]["run_id"]
-    record = store.read_json(JOB_RECORD)
+    record = store.job_record()
     attempts = store.attempts()
     last = max((int(a.get("attempt") or 0) for a in attempts), default=0)
     if record is not None:

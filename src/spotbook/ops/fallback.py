@@ -17,7 +17,7 @@ from .._errors import UsageError
 from .._models import epoch
 from ..kube.jobs import PodState
 from ..kube.manifest import JobOptions, build_job
-from ..store.runstore import JOB_RECORD, RunStore
+from ..store.runstore import RunStore
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster
@@ -72,13 +72,13 @@ def options_from_json(doc: dict[str, Any]) -> JobOptions:
 def fall_back(cluster: Cluster, store: RunStore, reason: str, wait: float = 120.0) -> str:
     """Replace the run's spot Job by the same Job on on-demand nodes; recorded in the
     store's job.json (``fallback``). Returns the new Job's name."""
-    record = store.read_json(JOB_RECORD) or {}
+    record = store.job_record() or {}
     if "options" not in record:
         raise UsageError(f"the run in {store.url} was submitted without its Job's options")
     opts = dataclasses.replace(options_from_json(record["options"]), spot=False)
     run_id = opts.run_id
     record["fallback"] = {"at": time.time(), "reason": reason, "capacity": "on-demand"}
-    store.write_json(JOB_RECORD, record)
+    store.write_job_record(record)
     cluster.delete_job(run_id)  # its pod gets the notice and saves its progress
     deadline = time.monotonic() + wait
     while cluster.get_job(run_id) is not None and time.monotonic() < deadline:

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._errors import UsageError
-from ..store.runstore import JOB_RECORD, RunStore
+from ..store.runstore import RunStore
 from .fallback import FallbackPolicy, options_to_json
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def cluster_for(
 
 def job_record(store: RunStore) -> dict[str, Any]:
     """What ``submit`` recorded about the run's Job; a UsageError for a local run."""
-    record = store.read_json(JOB_RECORD)
+    record = store.job_record()
     if record is None:
         raise UsageError(
             f"the run in {store.url} was not submitted to a cluster; its notebook is in "

@@ -17,11 +17,19 @@ from .._models import Outcome, RunStatus, alive, runner_mark
 from .._status import ClusterView, RunReport, describe
 from ..kube.jobs import ENDED_STATES, LIVE_STATES
 from ..kube.manifest import ANNOTATION_RUN_DIR
-from ..store.runstore import CANCELLED, JOB_RECORD, RunStore, is_url, listing_fs, resolve_run
+from ..store.runstore import (
+    CANCELLED,
+    JOB_RECORD,
+    SWEEP_FILE,
+    RunStore,
+    is_url,
+    listing_fs,
+    resolve_run,
+)
 from .fallback import FallbackPolicy, fall_back
 from .jobs import cluster_for, job_record
 from .submit import Submitted
-from .sweep import SWEEP_FILE, sweep_status
+from .sweep import sweep_status
 
 if TYPE_CHECKING:
     from ..kube.cluster import Cluster
@@ -192,7 +200,7 @@ def run_logs(
     """The run's last ``lines`` lines of output: its pod's log for a submitted run whose
     pod is still there, else what its finished cells printed (streams and errors)."""
     store = _store(run, context, namespace)
-    record = store.read_json(JOB_RECORD)
+    record = store.job_record()
     if record:
         try:
             run_id = store.require_run()["spec"]["run_id"]
@@ -557,7 +565,7 @@ def wait_for_job(
     client = cluster or cluster_for(submitted.context, submitted.namespace)
     run_id = submitted.run_id
     store = RunStore(submitted.url)
-    record = store.read_json(JOB_RECORD) or {}
+    record = store.job_record() or {}
     policy = FallbackPolicy(**(record.get("fallback_policy") or {}))
     done = bool(record.get("fallback"))
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import UsageError
 from .._models import Limits, SnapshotPolicy
 from ..kube.manifest import DEFAULT_KEY_SECRET, JobOptions, build_job, secret_looking
-from ..store.runstore import JOB_RECORD, is_url
+from ..store.runstore import is_url
 from .fallback import FallbackPolicy
 from .jobs import cluster_for, new_job_record
 
@@ -162,7 +162,7 @@ def submit_notebook(
         job = dataclasses.replace(job, run_id=run_id)
         manifest = build_job(job)
         name = manifest["metadata"]["name"]
-        store.write_json(JOB_RECORD, new_job_record(cluster, job, name, fallback))
+        store.write_job_record(new_job_record(cluster, job, name, fallback))
         cluster.create_job(manifest)
     return Submitted(
         run_id=run_id,

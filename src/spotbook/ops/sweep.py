@@ -42,12 +42,11 @@ from ..kernel.helpers import RECORD_MIME
 from ..kube.manifest import JobOptions
 from ..notebook.grid import varying
 from ..store.integrity import Key
-from ..store.runstore import JOB_RECORD, RunStore, is_url, new_run_id, resolve_run
+from ..store.runstore import SWEEP_FILE, RunStore, is_url, new_run_id, resolve_run
 from .submit import Submitted
 
 log = logging.getLogger(__name__)
 
-SWEEP_FILE = "sweep.json"
 POINTS_DIR = "points"
 GIB = 1024**3
 
@@ -456,7 +455,9 @@ def submit_sweep(
         job = dataclasses.replace(job, run_id=sweep_id)
         manifest = build_job(job)
         name = manifest["metadata"]["name"]
-        RunStore(job.run_dir).write_json(JOB_RECORD, new_job_record(cluster, job, name, None))
+        RunStore(job.run_dir).write_job_record(
+            new_job_record(cluster, job, name, None), key=key, sweep_id=sweep_id
+        )
         cluster.create_job(manifest)
     return Submitted(
         run_id=sweep_id,

@@ -73,6 +73,7 @@ T = TypeVar("T")
 
 LOCAL_RUNS = os.path.join(".spotbook", "runs")
 JOB_RECORD = "job.json"  # which cluster, namespace and Job run it (written by submit)
+SWEEP_FILE = "sweep.json"  # a sweep's points and options (at the sweep's root)
 CANCELLED = "cancelled.json"  # the user cancelled the run
 _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
@@ -424,6 +425,65 @@ class RunStore:
         seal.check("run.json", {"spec": spec, **info})
         self.seal = seal
         return run
+
+    # -- the Job's record ----------------------------------------------------------
+    def write_job_record(
+        self, doc: dict[str, Any], key: Key | None = None, sweep_id: str | None = None
+    ) -> None:
+        """job.json, sealed: what ``wait``, ``cancel``, ``logs`` and the fallback act on
+        with the user's cluster credentials (its context, namespace, and the Job's own
+        options, image and Secrets included). A run's is sealed like its run.json (the
+        store must be armed: made here or unsealed); a sweep's, at the sweep's root,
+        with ``key`` and bound to ``sweep_id``."""
+        seal = self._job_seal(key, sweep_id)
+        doc = doc if seal.legacy else {**doc, "key_id": seal.key.id}
+        self.write_json(JOB_RECORD, seal.sign(JOB_RECORD, doc))
+
+    def job_record(self) -> dict[str, Any] | None:
+        """job.json with its seal checked (None: the run was not submitted). Raises
+        StoreIntegrityError (exit 2) for a record changed, moved from another run, or
+        sealed with a key not this machine's."""
+        doc = self.read_json(JOB_RECORD)
+        if doc is None:
+            return None
+        if not isinstance(doc, dict):
+            raise StoreIntegrityError(f"{self.url}/{JOB_RECORD} holds no Job record")
+        if self.exists("run.json"):
+            if self.seal is None:
+                self.unseal()
+            assert self.seal is not None
+            if self.seal.legacy:  # the user trusts this older store's every writer
+                return doc
+            return self.seal.check(JOB_RECORD, doc)
+        sweep_id = self._sweep_id()
+        key = load_key(create=False)
+        if doc.get("key_id") != key.id:
+            raise StoreIntegrityError(
+                f"{self.url}/{JOB_RECORD} was sealed with another key (id "
+                f"{doc.get('key_id')}), not the one here ({key.source}, id {key.id}); it was "
+                "not used. Give this process the cluster's run key: SPOTBOOK_SNAPSHOT_KEY "
+                "or SPOTBOOK_SNAPSHOT_KEY_FILE (see docs/kubernetes.md)"
+            )
+        return Seal(key, sweep_id, self.url).check(JOB_RECORD, doc)
+
+    def _sweep_id(self) -> str:
+        sweep = self.read_json(SWEEP_FILE)
+        sweep_id = sweep.get("sweep_id") if isinstance(sweep, dict) else None
+        if not isinstance(sweep_id, str):
+            raise StoreIntegrityError(
+                f"{self.url}/{JOB_RECORD} belongs to no run nor sweep there; it was not used"
+            )
+        return sweep_id
+
+    def _job_seal(self, key: Key | None, sweep_id: str | None) -> Seal:
+        if sweep_id is None and not self.exists("run.json"):
+            sweep_id = self._sweep_id()
+        if sweep_id is not None:
+            return Seal(key or load_key(), sweep_id, self.url)
+        if self.seal is None:
+            self.unseal()
+        assert self.seal is not None
+        return self.seal
 
     def input_matches(self, run: dict[str, Any], data: bytes) -> bool:
         """Whether ``data`` is the input.ipynb sealed in ``run`` (checked by ``unseal``)."""
