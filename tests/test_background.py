@@ -161,7 +161,9 @@ def test_under_auto_the_cells_never_wait_for_a_snapshot_being_written(tmp_path: 
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     (attempt,) = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)["attempts"]
-    assert attempt["background_snapshots"] >= 2 and attempt["snapshot_pause_max"] < 0.5
+    # no assertion on the pause's length (a machine's speed): had cell 2 waited for cell 0's
+    # copy, which waits for the release file cell 2 writes, the run would never have ended
+    assert attempt["background_snapshots"] >= 2
     snaps = sorted(p.name[:5] for p in (tmp_path / "rd" / "state" / "snap").iterdir())
     assert snaps[0] == "00000" and "00001" not in snaps, snaps  # after cell 1: deferred
     out = json.loads((tmp_path / "o.ipynb").read_text())
