@@ -21,8 +21,6 @@ from spotbook.store.runstore import RunStore
 from .nbwrite import write_notebook as write_notebook  # the tests import it from here
 from .servers import FakeKube, Storage, start_azure, start_gcs, start_s3
 
-FIDELITY = pytest.StashKey[list[dict[str, Any]]]()
-
 HERE = Path(__file__).parent
 NOTEBOOKS = HERE / "notebooks"
 SHARED = HERE.parent.parent / "shared" / "notebooks"
@@ -140,8 +138,13 @@ def comparable(nb: dict[str, Any]) -> list[tuple[Any, Any, Any]]:
     return out
 
 
+def note_fidelity(request: pytest.FixtureRequest, row: dict[str, Any]) -> None:
+    """One row of the fidelity matrix's count, carried on the test's report (so that it
+    reaches the summary from whichever pytest-xdist worker ran the test)."""
+    request.node.user_properties.append(("fidelity", row))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[FIDELITY] = []
     # The per-user run key goes in a directory of the test session's own, never the
     # tester's ~/.config (every subprocess inherits this).
     if "SPOTBOOK_CONFIG_DIR" not in os.environ:
@@ -172,7 +175,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(
             f"tamper suite: {refused} of {len(tamper)} attacks refused (exit 2, object named)"
         )
-    rows = config.stash.get(FIDELITY, [])
+    rows = [
+        value
+        for key in ("passed", "failed")
+        for r in terminalreporter.stats.get(key, [])
+        if getattr(r, "when", "") == "call"
+        for name, value in getattr(r, "user_properties", [])
+        if name == "fidelity"
+    ]
+    rows.sort(key=lambda r: r["case"])  # the workers finish in any order
     if not rows:
         return
     total = {k: sum(r[k] for r in rows) for k in ("identical", "named", "failed")}

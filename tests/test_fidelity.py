@@ -25,7 +25,7 @@ import pytest
 from spotbook.store.runstore import RunStore
 
 from . import fidelity_notebook as fnb
-from .conftest import FIDELITY, Place, cells_committed, cli, kill, load, start_cli, wait_for
+from .conftest import Place, cells_committed, cli, kill, load, note_fidelity, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
@@ -150,12 +150,13 @@ def test_resume_is_identical_or_names_what_differs(
     got = fnb.patterns(load(work / "out.ipynb"))
     fidelity = _status(work, place)["attempts"][-1].get("fidelity") or {}
     verdict = _judge(fid_reference, got, fidelity)
-    request.config.stash[FIDELITY].append(
+    note_fidelity(
+        request,
         {
             "case": f"{place.kind}-{mode}-{point}",
             **{k: len(v) for k, v in verdict.items()},
             "which": verdict["named"],
-        }
+        },
     )
     assert not verdict["failed"], (verdict["failed"], fidelity)
     # What may differ, and is said to: files written by replayed cells, and the order
@@ -255,13 +256,14 @@ def test_random_kills_resume_identically(
         attempts = json.loads(cli("status", rd, "--json", cwd=work).stdout)["attempts"]
         assert len(attempts) == KILLS_PER_TRIAL + 1
         reports = [a["fidelity"] for a in attempts if a.get("fidelity")]
-        request.config.stash[FIDELITY].append(
+        note_fidelity(
+            request,
             {
                 "case": f"random-kills-trial{trial} ({len(reports)} resumes)",
                 "identical": len(fid_reference) - len(diff),
                 "named": len(set(diff) & {"set order"}),
                 "failed": len(set(diff) - {"set order"}),
-            }
+            },
         )
         assert set(diff) <= {"set order"}, f"seed {SEED} trial {trial}: {diff}"
         assert not any("could not be rebuilt" in " ".join(r["may_differ"]) for r in reports)

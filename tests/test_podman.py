@@ -40,7 +40,9 @@ IMAGE = "localhost/spotbook:test"
 KEY_IN_POD = "/var/run/secrets/spotbook/key"
 CA = "/etc/ssl/certs/ca-certificates.crt"
 
-pytestmark = [pytest.mark.container, pytest.mark.slow]
+# one pytest-xdist worker runs them all: the image is built once, and podman's store is
+# not shared between concurrent builds of the same image
+pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.xdist_group("podman")]
 
 
 def podman(
