@@ -1,3 +1,5 @@
+"""``python -m spotbook``: the ``spotbook`` command."""
+
 import sys
 
 from .cli.main import main

@@ -539,6 +539,7 @@ _PRIVATE_ENV = ("SPOTBOOK_SNAPSHOT_KEY", "SPOTBOOK_SNAPSHOT_KEY_FILE")
 
 
 def kernel_env(extra: dict[str, str]) -> dict[str, str]:
+    """The kernel's environment: this process's, less the run's secrets, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in _PRIVATE_ENV}
     env.update(extra)
     return env

@@ -19,6 +19,8 @@ _PART = "\x00part:"
 
 @dataclass
 class FidelityReport:
+    """What a resumed run may differ in from an uninterrupted one, and why."""
+
     snapshot: str | None
     # the cell (its index) the snapshot was taken after, for words a person reads
     snapshot_after: int | None = None

@@ -47,6 +47,7 @@ def start_index(nb: Any, records: dict[int, dict[str, Any]]) -> int:
 
 
 def exited_early(records: dict[int, dict[str, Any]]) -> bool:
+    """Whether a cell of these records ended the kernel on purpose (``exit()``)."""
     return any(r.get("status") == CellStatus.EXITED for r in records.values())
 
 

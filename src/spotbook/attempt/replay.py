@@ -40,6 +40,8 @@ Transform = Callable[[str], str]
 
 @dataclass(frozen=True)
 class CellNames:
+    """The names one cell binds, reads and changes (the replay planner's view of it)."""
+
     binds: frozenset[str]
     reads: frozenset[str]
     # for each function or class the cell defines: the globals its body may read

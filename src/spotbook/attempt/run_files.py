@@ -488,4 +488,5 @@ def copy_blob(blob_dir: str) -> Callable[[str, str], None]:
 
 
 def is_integrity(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed integrity check of the run's files or state."""
     return isinstance(exc, FilesIntegrityError | IntegrityError)

@@ -80,6 +80,7 @@ def job_options(args: argparse.Namespace) -> JobOptions:
 
 
 def fallback_policy(args: argparse.Namespace) -> FallbackPolicy:
+    """The capacity fallback the ``--fallback-after-*`` flags ask for."""
     from ..kube.manifest import parse_duration
 
     pending = args.fallback_after_pending

@@ -58,6 +58,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 
 
 def exit_code(exc: BaseException) -> int:
+    """The exit code for ``exc``: the first row of ``EXIT_CODES`` it is an instance of."""
     for cls, code in EXIT_CODES:
         if isinstance(exc, cls):
             return code
@@ -110,6 +111,7 @@ _ATTEMPTS = ("run", "resume", "worker")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``spotbook`` command: parse ``argv``, run the command, return its exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words and words[0] in _ATTEMPTS and argv is None:
         from ..attempt.notice import catch_early

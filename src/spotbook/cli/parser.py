@@ -578,6 +578,7 @@ def _add_economics_parsers(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``spotbook`` argument parser, every command and flag."""
     parser = argparse.ArgumentParser(
         prog="spotbook",
         description="Run notebooks as batch jobs that survive preemption.",

@@ -37,6 +37,8 @@ Say = Callable[[str], None]
 
 @dataclass
 class ChaosRun:
+    """One strategy's run under injected preemptions: what it cost and how it ended."""
+
     strategy: str
     billed_seconds: float = 0.0
     finish_seconds: float = 0.0
@@ -48,6 +50,8 @@ class ChaosRun:
 
 @dataclass
 class ChaosReport:
+    """``spotbook chaos``'s result: the baseline, the preemptions, each strategy's run."""
+
     baseline_seconds: float
     profile: Profile
     times: list[float]  # the preemption instants, in node time

@@ -27,6 +27,8 @@ class Machine:
 
 @dataclass(frozen=True)
 class AttemptCost:
+    """One attempt's node time and its price."""
+
     attempt: int
     outcome: str
     machine: Machine
@@ -48,6 +50,8 @@ class AttemptCost:
 
 @dataclass(frozen=True)
 class CostReport:
+    """A run's bill: every attempt's cost and the totals."""
+
     run_id: str
     url: str
     attempts: list[AttemptCost]

@@ -18,6 +18,8 @@ CAPACITIES = ("spot", "on-demand")
 
 @dataclass(frozen=True)
 class Price:
+    """One machine's hourly prices, spot and on demand, in one region."""
+
     provider: str
     region: str
     machine_type: str
@@ -32,6 +34,8 @@ class Price:
 
 @dataclass(frozen=True)
 class PriceTable:
+    """The dated table of machine prices ``cost`` and ``simulate`` read."""
+
     date: str
     source: str  # "spotbook" (the shipped file) or the user's path
     prices: tuple[Price, ...]

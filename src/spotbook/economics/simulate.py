@@ -278,6 +278,8 @@ def _times(rng: random.Random, rate: float, horizon: float) -> list[float]:
 
 @dataclass
 class Estimate:
+    """One strategy's simulated outcome: expected cost and finish time."""
+
     strategy: str
     interval: float | None
     cost_ratio: float  # expected billed time over the uninterrupted run's

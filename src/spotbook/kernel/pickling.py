@@ -74,6 +74,7 @@ def rebind_main(func: types.FunctionType) -> types.FunctionType:
 
 
 def std_stream(name: str) -> Any:
+    """``sys.stdout`` or ``sys.stderr`` as the restoring kernel has them."""
     return getattr(sys, name)
 
 
@@ -132,6 +133,7 @@ def reopen(
 
 
 def restore_sqlite(path: str, image: bytes | None, isolation_level: Any) -> Any:
+    """A SQLite connection rebuilt from its saved database image."""
     if CHECKING["on"]:
         return None  # a load check: nothing on disk is touched
     if image is None:
@@ -149,6 +151,7 @@ def restore_sqlite(path: str, image: bytes | None, isolation_level: Any) -> Any:
 
 
 def new_lock(held: bool) -> Any:
+    """A ``threading.Lock`` as it was saved: held or not."""
     lock = threading.Lock()
     if held:
         lock.acquire()
@@ -156,6 +159,7 @@ def new_lock(held: bool) -> Any:
 
 
 def new_rlock() -> Any:
+    """A new ``threading.RLock`` (a saved one is rebuilt free)."""
     return threading.RLock()
 
 
@@ -225,6 +229,7 @@ def rebuild_order(
 def view_of(
     root: Any, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any
 ) -> Any:
+    """A numpy array over the memory of another restored array."""
     # only called for a snapshot that held numpy arrays: unpickling ``dtype`` imported numpy
     return sys.modules["numpy"].ndarray(
         shape, dtype=dtype, buffer=root, offset=offset, strides=strides

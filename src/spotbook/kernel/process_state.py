@@ -58,6 +58,7 @@ def register(part: Part) -> None:
 
 
 def active() -> list[Part]:
+    """The parts of process state that apply: their library is imported."""
     return [p for p in PARTS if p.module is None or p.module in sys.modules]
 
 
@@ -447,6 +448,7 @@ def rngs_json(states: dict[str, Any]) -> dict[str, Any]:
 
 
 def restore_rngs(state: dict[str, Any]) -> dict[str, str]:
+    """Set the random generators' states saved in ``state``; what could not be, by name."""
     failed: dict[str, str] = {}
     try:
         if "random" in state:

@@ -37,6 +37,8 @@ DEFAULT_GPU = {"gke": "nvidia-l4", "eks": "nvidia-l4", "aks": "nvidia-tesla-t4"}
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU model: its name on each cloud and its labels."""
+
     name: str  # spotbook's name: GKE's accelerator type
     aliases: tuple[str, ...]
     karpenter: str | None  # karpenter.k8s.aws/instance-gpu-name
@@ -182,6 +184,7 @@ def canonical(name: str) -> str:
 
 
 def known_names(cloud: str | None = None) -> list[str]:
+    """The GPU names ``--gpu`` accepts (on ``cloud``, or anywhere)."""
     return [g.name for g in GPUS if cloud is None or g.machines.get(cloud)]
 
 
@@ -212,6 +215,7 @@ def machine_for(cloud: str, name: str, count: int) -> str:
 
 
 def karpenter_name(name: str) -> str:
+    """The GPU's name as Karpenter's instance-gpu-name label gives it."""
     gpu = find(name)
     if gpu is None or gpu.karpenter is None:
         known = ", ".join(g.name for g in GPUS if g.karpenter)

@@ -227,6 +227,7 @@ def exit_code_of(view: dict[str, Any]) -> int | None:
 
 
 def describe_pod(v: dict[str, Any]) -> str:
+    """One line for a pod's view: its state, node, exit code and reason."""
     text = f"pod {v['name']} {v['state']}"
     if v.get("node"):
         text += f" on {v['node']}"

@@ -342,6 +342,7 @@ def _free_name(flag: str, item: str, name: str, seen: set[str]) -> None:
 
 
 def parse_env(items: list[str], seen: set[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """``NAME=VALUE`` items as pairs, refusing bad or repeated names."""
     out = []
     seen = set() if seen is None else seen
     for item in items:

@@ -27,12 +27,15 @@ DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 
 
 def shell_join(argv: tuple[str, ...] | list[str]) -> str:
+    """``argv`` as one line a POSIX shell reads back as the same words."""
     # "$(...)" is a lookup the shell must run: double quotes keep it working
     return " ".join(f'"{a}"' if "$(" in a else shlex.quote(a) for a in argv)
 
 
 @dataclass(frozen=True)
 class Step:
+    """One step of a cluster plan: what it does and the command that does it."""
+
     what: str
     argv: tuple[str, ...]
     stdin: str | None = None  # a file body the command reads from stdin (-f -)
@@ -169,11 +172,13 @@ def _gke_pool_size(o: PlanOptions, gpu: str) -> list[str]:
 
 
 def gke_image(o: PlanOptions) -> str:
+    """The worker image's name in the GKE project's Artifact Registry."""
     repo = o.registry or REPOSITORY_DEFAULT
     return f"{_gke_region(o)}-docker.pkg.dev/{o.project}/{repo}/spotbook:{IMAGE_TAG}"
 
 
 def gke_plan(o: PlanOptions) -> list[Step]:
+    """The commands that make a GKE cluster with a spot GPU pool for spotbook."""
     o.check({"project": "--project", "location": "--zone or --region", "bucket": "--bucket"})
     gpu = o.gpu_name("gke")
     machine = o.machine("gke")
@@ -369,6 +374,7 @@ def gke_plan(o: PlanOptions) -> list[Step]:
 
 
 def gke_down(o: PlanOptions, delete_bucket: bool = False) -> list[Step]:
+    """The commands that delete what ``gke_plan`` made."""
     o.check({"project": "--project", "location": "--zone or --region"})
     steps = [
         Step(
@@ -427,6 +433,7 @@ def image_hint(o: PlanOptions, provider: str) -> list[str]:
 
 
 def submit_hint(o: PlanOptions, provider: str) -> str:
+    """The ``spotbook submit`` command to run on the cluster a plan made."""
     gpu = o.gpu_name(provider)
     gpu = gpu if o.gpu_count == 1 else f"{gpu}:{o.gpu_count}"
     if provider == "aks":
@@ -460,6 +467,7 @@ CLUSTER_AUTOSCALER_CHART = "https://kubernetes.github.io/autoscaler"
 
 
 def eks_image(o: PlanOptions) -> str:
+    """The worker image's name in the AWS account's ECR."""
     repo = o.registry or REPOSITORY_DEFAULT
     account_id = "$(aws sts get-caller-identity --query Account --output text)"
     return f"{account_id}.dkr.ecr.{o.location}.amazonaws.com/{repo}:{IMAGE_TAG}"
@@ -540,6 +548,7 @@ def eks_config(o: PlanOptions) -> str:
 
 
 def eks_plan(o: PlanOptions) -> list[Step]:
+    """The commands that make an EKS cluster with a spot GPU node group for spotbook."""
     config = eks_config(o)
     repo = o.registry or REPOSITORY_DEFAULT
     region = ("--region", o.location)
@@ -669,6 +678,7 @@ def aks_device_plugin(o: PlanOptions) -> str:
 
 
 def aks_plan(o: PlanOptions) -> list[Step]:
+    """The commands that make an AKS cluster with a spot GPU node pool for spotbook."""
     o.check({"project": "--resource-group", "location": "--location", "bucket": "--bucket"})
     rg = o.project
     gpu = o.gpu_name("aks")
@@ -891,6 +901,7 @@ def render(
 
 
 def to_json(steps: list[Step]) -> str:
+    """The steps as JSON (``plan --json``)."""
     return json.dumps(
         [
             {

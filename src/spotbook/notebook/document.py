@@ -127,6 +127,7 @@ def _check_shapes(data: dict[str, Any], where: str) -> None:
 
 
 def kernel_name(nb: Notebook, override: str | None) -> str:
+    """The kernel to run ``nb`` with: ``override``, else the notebook's kernelspec."""
     if override:
         return override
     spec = nb.metadata.get("kernelspec") or {}
@@ -223,10 +224,12 @@ def executable(cell: Any) -> bool:
 
 
 def cell_sources(nb: Notebook) -> list[str]:
+    """Every cell's source, as one string each."""
     return [str(c.source) for c in nb.cells]
 
 
 def cell_tags(nb: Notebook) -> list[list[str]]:
+    """Every cell's tags."""
     return [list(c.metadata.get("tags", [])) for c in nb.cells]
 
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FallbackPolicy:
+    """When a spot run's Job is remade on on-demand nodes."""
+
     after_preemptions: int | None = None
     after_pending: float | None = None  # seconds a pod may wait for a spot node
 
@@ -57,10 +59,12 @@ class FallbackPolicy:
 
 
 def options_to_json(opts: JobOptions) -> dict[str, Any]:
+    """The Job's options as JSON, for job.json."""
     return dataclasses.asdict(opts)
 
 
 def options_from_json(doc: dict[str, Any]) -> JobOptions:
+    """The Job's options from job.json's JSON."""
     fields = {f.name for f in dataclasses.fields(JobOptions)}
     data = {k: v for k, v in doc.items() if k in fields}
     for key in ("env", "secret_env", "env_from_secrets"):

@@ -54,6 +54,7 @@ Say = Callable[[str], None]
 
 
 def point_url(url: str, index: int) -> str:
+    """The run store of point ``index`` of the sweep at ``url``."""
     return f"{url.rstrip('/')}/{POINTS_DIR}/{index}"
 
 

@@ -52,6 +52,7 @@ _PERMANENT = (
 
 
 def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may pass on a retry (a timeout, a dropped connection, a 5xx)."""
     if isinstance(exc, _PERMANENT):
         return False
     # OSError covers the backends' translated 5xx/throttling errors, socket resets and
@@ -419,6 +420,7 @@ class ObjectBackend(Backend):
 
 
 def backend_for(url: str, fs: Any, root: str) -> Backend:
+    """The backend for ``url``: the local disk or an object store."""
     from fsspec.implementations.local import LocalFileSystem
 
     kind = LocalBackend if isinstance(fs, LocalFileSystem) else ObjectBackend

@@ -34,6 +34,7 @@ _CHUNK = 1 << 20
 
 
 def file_digest(path: str) -> str:
+    """The sha256 of a file's content."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
@@ -47,6 +48,8 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int]:
 
 @dataclass
 class SyncResult:
+    """What one sync of the checkpoint directory did."""
+
     files: int = 0
     uploaded_files: int = 0
     uploaded_bytes: int = 0

@@ -64,6 +64,7 @@ def note_run(url: str, run_id: str) -> None:
 
 
 def forget_run(run_id: str) -> None:
+    """Drop the run from the index of runs (its store is not touched)."""
     if _NAME.fullmatch(run_id):
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(index_dir(), f"{run_id}.json"))

@@ -48,6 +48,7 @@ _DOMAIN = b"spotbook-seal-1\0"
 
 
 def config_dir() -> str:
+    """The user's spotbook configuration directory (the key is there)."""
     explicit = os.environ.get(CONFIG_ENV)
     if explicit:
         return explicit
@@ -57,6 +58,8 @@ def config_dir() -> str:
 
 @dataclass(frozen=True)
 class Key:
+    """A run key and where it came from."""
+
     secret: bytes
     source: str  # where it came from, for messages (never the key itself)
 
@@ -172,10 +175,12 @@ def canonical_text(doc: dict[str, Any]) -> str:
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
+    """``canonical_text`` as bytes: what a mac covers."""
     return canonical_text(doc).encode()
 
 
 def sha256_hex(data: bytes) -> str:
+    """The hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 

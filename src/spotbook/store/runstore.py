@@ -88,11 +88,13 @@ LEGACY_ENV = "SPOTBOOK_TRUST_LEGACY_STORE"
 
 
 def new_run_id(now: float | None = None) -> str:
+    """A new run id: the UTC time to the second and 6 random hex digits (sortable)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def is_url(text: str) -> bool:
+    """Whether ``text`` is a URL with a scheme (not a local path)."""
     return "://" in text
 
 
@@ -264,6 +266,8 @@ def check_writable(url: str) -> None:
 
 @dataclass(frozen=True)
 class CellKey:
+    """Which cell record: the cell's index and the attempt that wrote it."""
+
     index: int
     attempt: int
 

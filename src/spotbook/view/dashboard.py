@@ -64,6 +64,7 @@ class Sources:
 
 
 def key_of(url: str) -> str:
+    """A short stable key for a run store's URL (used in the dashboard's links)."""
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
@@ -358,6 +359,7 @@ def resume_in_background(store: RunStore) -> str:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or name."""
     if host == "localhost":
         return True
     try:
@@ -368,6 +370,8 @@ def is_loopback(host: str) -> bool:
 
 @dataclass
 class Served:
+    """The dashboard being served: its URL and its server."""
+
     url: str  # what to open (with the token, when there is one)
     server: Any  # werkzeug's server: serve_forever(), shutdown()
 

@@ -27,6 +27,7 @@ REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font
 
 @functools.cache
 def templates() -> jinja2.Environment:
+    """The Jinja environment of the report's templates."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("spotbook.view", "templates"),
         autoescape=jinja2.select_autoescape(default=True),

@@ -37,6 +37,8 @@ OUTCOME_COLOUR = {
 
 @dataclass
 class Bar:
+    """One attempt as a bar of the timeline."""
+
     attempt: int
     outcome: str
     start: float
@@ -49,6 +51,8 @@ class Bar:
 
 @dataclass
 class Gap:
+    """The time between two attempts, split by what it was spent on."""
+
     attempt: int
     next_attempt: int
     start: float
@@ -59,6 +63,8 @@ class Gap:
 
 @dataclass
 class Timeline:
+    """A run's attempts and gaps, ready to draw."""
+
     bars: list[Bar]
     gaps: list[Gap]
     start: float
