@@ -62,10 +62,11 @@ def main() -> None:
     rng = random.Random(args.seed)
     lock = threading.Lock()
     stats = {"requests": 0, "failed": 0, "dropped": 0, "lost": 0, "forwarded": 0, "held": 0}
+    stats["bytes_down"] = 0  # response bodies passed to the client
 
-    def count(key: str) -> None:
+    def count(key: str, n: int = 1) -> None:
         with lock:
-            stats[key] += 1
+            stats[key] += n
             with open(args.stats + ".tmp", "w") as fh:
                 json.dump(stats, fh)
             os.replace(args.stats + ".tmp", args.stats)
@@ -137,6 +138,7 @@ def main() -> None:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+                count("bytes_down", len(data))
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
 

@@ -85,7 +85,7 @@ class Storage:
             data: dict[str, Any] = json.loads(self.stats_file.read_text())
             return data
         except FileNotFoundError:
-            return {"requests": 0, "failed": 0, "dropped": 0, "lost": 0}
+            return {"requests": 0, "failed": 0, "dropped": 0, "lost": 0, "bytes_down": 0}
 
     def stop(self) -> None:
         for p in self.procs:

@@ -128,6 +128,23 @@ def test_store_writes_and_fences_hold_under_faults(remote: Storage, bucket: str)
         assert injected > 0, (before, after)  # the faults happened and were survived
 
 
+def test_a_document_past_its_bound_is_refused_by_a_ranged_read(
+    remote: Storage, bucket: str
+) -> None:
+    """A huge object (a writer of the bucket made it so) is asked for with a ranged
+    request: no more than the bound plus one byte is fetched, and it is refused by name."""
+    from spotbook._errors import StoreIntegrityError
+
+    store = RunStore(f"{bucket}/big")
+    store.write("run.json", b"{" + b" " * 4096 + b"}")
+    assert store.read("run.json", 8192) is not None
+    before = remote.faults()
+    with pytest.raises(StoreIntegrityError, match=r"big/run.json is larger than the"):
+        store.read("run.json", 1024)
+    assert remote.faults()["bytes_down"] - before["bytes_down"] < 4096
+    assert store.read_json("run.json") == {}
+
+
 def test_run_on_object_storage_matches_local(
     work: Path, remote: Storage, bucket: str, renv: dict, reference: dict
 ) -> None:

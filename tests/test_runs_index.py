@@ -136,6 +136,24 @@ def test_a_fifo_in_a_store_is_refused_never_waited_on(tmp_path: Path, where: str
     ]
 
 
+@pytest.mark.parametrize(
+    ("where", "size"),
+    [("run.json", 65 << 20), ("attempts/0001.json", 65 << 20), ("cells/a0001.jsonl", 1025 << 20)],
+)
+def test_a_huge_document_in_a_store_is_refused(tmp_path: Path, where: str, size: int) -> None:
+    """A writer of a local store makes a document huge (a sparse file here): commands
+    refuse it by its size, exit 2, having read no more than the bound (64 MiB for a
+    document, 1 GiB for an attempt's records), never the whole file."""
+    _notebook(tmp_path / "nb.ipynb", "print(x)")
+    assert cli("run", "nb.ipynb", "--run-dir", "rd", cwd=tmp_path).returncode == 0
+    with open(tmp_path / "rd" / where, "r+b") as fh:
+        fh.truncate(size)
+    for argv in (["status", "rd"], ["resume", "rd"]):
+        r = cli(*argv, cwd=tmp_path)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert f"rd/{where} is larger than the" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_named_run_is_found_by_its_name_from_any_folder(tmp_path: Path) -> None:
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     here.mkdir()

@@ -110,8 +110,20 @@ class Backend:
         """Write ``path`` unless it exists; False if it did (the fence)."""
         raise NotImplementedError
 
-    def read(self, path: str, what: str) -> bytes:
+    def read(self, path: str, what: str, limit: int | None = None) -> bytes:
+        """The bytes of ``path``; past ``limit`` bytes, refuse (StoreIntegrityError)
+        before reading the rest: a document a writer made huge must not cost the reader
+        its memory."""
         raise NotImplementedError
+
+    def _bounded(self, data: bytes, path: str, limit: int | None) -> bytes:
+        if limit is not None and len(data) > limit:
+            raise StoreIntegrityError(
+                f"{self.url}/{path[len(self.root) :].lstrip('/')} is larger than the "
+                f"{limit >> 20} MiB such a document may be; it was not read further. "
+                "Inspect the store, or start the run over with `spotbook run ... --restart`"
+            )
+        return data
 
     def exists(self, path: str, what: str) -> bool:
         raise NotImplementedError
@@ -246,7 +258,7 @@ class LocalBackend(Backend):
                 return False
         return True
 
-    def read(self, path: str, what: str) -> bytes:
+    def read(self, path: str, what: str, limit: int | None = None) -> bytes:
         with self.translate(what):
             try:
                 # non-blocking: a FIFO's open would wait for a writer that never comes
@@ -261,7 +273,7 @@ class LocalBackend(Backend):
                 raise
             with os.fdopen(fd, "rb") as fh:
                 self._plain(fd, path)
-                return fh.read()
+                return self._bounded(fh.read(-1 if limit is None else limit + 1), path, limit)
 
     def _plain(self, fd: int, path: str) -> None:
         """Refuse what is not a plain file: a FIFO would hold the reader (or writer)
@@ -407,9 +419,10 @@ class ObjectBackend(Backend):
             log.debug("%s: an earlier try of this request landed", what)
         return True
 
-    def read(self, path: str, what: str) -> bytes:
-        data: bytes = self.op(lambda: self.fs.cat_file(path), what)
-        return data
+    def read(self, path: str, what: str, limit: int | None = None) -> bytes:
+        end = None if limit is None else limit + 1  # a ranged request: no more is fetched
+        data: bytes = self.op(lambda: self.fs.cat_file(path, start=0, end=end), what)
+        return self._bounded(data, path, limit)
 
     def exists(self, path: str, what: str) -> bool:
         return bool(self.op(lambda: self.fs.exists(path), what))

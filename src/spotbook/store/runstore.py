@@ -74,6 +74,11 @@ T = TypeVar("T")
 LOCAL_RUNS = os.path.join(".spotbook", "runs")
 JOB_RECORD = "job.json"  # which cluster, namespace and Job run it (written by submit)
 SWEEP_FILE = "sweep.json"  # a sweep's points and options (at the sweep's root)
+# What a reader takes of one document before refusing it (a writer of the store could make
+# one of gigabytes): run.json, attempt and cell records, snapshot manifests are kilobytes
+# to a few megabytes; an attempt's records file holds every cell's outputs (images too).
+DOC_LIMIT = 64 << 20
+RECORDS_LIMIT = 1 << 30
 CANCELLED = "cancelled.json"  # the user cancelled the run
 _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
@@ -333,10 +338,11 @@ class RunStore:
             self.bytes_written += len(data)
         return created
 
-    def read(self, rel: str) -> bytes | None:
-        """Bytes of ``rel``, or None if it does not exist."""
+    def read(self, rel: str, limit: int | None = None) -> bytes | None:
+        """Bytes of ``rel``, or None if it does not exist; more than ``limit`` bytes are
+        refused (StoreIntegrityError) without being read."""
         try:
-            return self.backend.read(self.path(rel), f"read {rel}")
+            return self.backend.read(self.path(rel), f"read {rel}", limit)
         except FileNotFoundError:
             return None
 
@@ -365,7 +371,7 @@ class RunStore:
         self.write(rel, json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
 
     def read_json(self, rel: str) -> Any:
-        data = self.read(rel)
+        data = self.read(rel, DOC_LIMIT)
         if data is None:
             return None
         try:
@@ -717,7 +723,7 @@ class RunStore:
         return records, notes
 
     def _read_lines(self, rel: str, attempt: int) -> list[dict[str, Any]]:
-        data = self.read(rel) or b""
+        data = self.read(rel, RECORDS_LIMIT) or b""
         lines = data.split(b"\n")
         out: list[dict[str, Any]] = []
         for i, line in enumerate(lines):
