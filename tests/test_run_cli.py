@@ -361,6 +361,17 @@ def test_notebook_without_kernelspec_uses_python3(work: Path) -> None:
     assert "hi" in _texts(load(work / "o.ipynb"))
 
 
+def test_a_deep_temporary_folder_still_starts_the_kernel(work: Path) -> None:
+    """The kernel's sockets live in a temporary folder; under a $TMPDIR as deep as a pod's
+    or a CI worker's, their paths would pass an AF_UNIX address's 107 bytes (exit 3,
+    "File name too long"), so they go to a shorter one."""
+    deep = work / ("t" * 60) / ("m" * 60)
+    deep.mkdir(parents=True)
+    r = cli("run", "no_kernelspec.ipynb", "o.ipynb", cwd=work, env={"TMPDIR": str(deep)})
+    assert r.returncode == 0, r.stderr
+    assert "hi" in _texts(load(work / "o.ipynb"))
+
+
 def test_rerun_of_a_finished_run_dir_does_not_recompute(work: Path) -> None:
     assert cli("run", "params.ipynb", "--run-dir", "rd", cwd=work).returncode == 0
     r = cli("run", "params.ipynb", "o2.ipynb", "--run-dir", "rd", cwd=work)

@@ -222,6 +222,25 @@ def _timing_in_order(cell: Any) -> None:
     cell.metadata["execution"] = ordered
 
 
+# An AF_UNIX socket's path holds 107 bytes on Linux (103 on macOS); a margin below both.
+_SOCKET_PATH_MAX = 100
+
+
+def _socket_dir() -> str | None:
+    """A private folder for the kernel's IPC sockets whose paths fit an AF_UNIX address:
+    under $TMPDIR, else /tmp or /dev/shm (a deep $TMPDIR — a pod's, a CI worker's — would
+    make the kernel's first connect fail with "File name too long"); None where none fits."""
+    for where in (None, "/tmp", "/dev/shm"):
+        if where is not None and not os.path.isdir(where):
+            continue
+        with contextlib.suppress(OSError):
+            d = tempfile.mkdtemp(prefix="spotbook-kernel-", dir=where)
+            if len(os.path.join(d, "kernel-99").encode()) <= _SOCKET_PATH_MAX:
+                return d
+            os.rmdir(d)
+    return None
+
+
 class KernelSession:
     """A started kernel and a client to it."""
 
@@ -267,10 +286,12 @@ class KernelSession:
         check_kernel(self._kernel_name)
         try:
             client.km = client.create_kernel_manager()
-            # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel.
-            self._ipc_dir = tempfile.mkdtemp(prefix="spotbook-kernel-")
-            client.km.transport = "ipc"
-            client.km.ip = os.path.join(self._ipc_dir, "kernel")
+            # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel;
+            # on loopback TCP where no temporary folder has a path short enough for them
+            self._ipc_dir = _socket_dir()
+            if self._ipc_dir is not None:
+                client.km.transport = "ipc"
+                client.km.ip = os.path.join(self._ipc_dir, "kernel")
             await client.async_start_new_kernel(cwd=self._cwd, env=self._env)
         except NoSuchKernel as exc:
             available = list(KernelSpecManager().find_kernel_specs())
