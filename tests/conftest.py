@@ -51,15 +51,30 @@ def start_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
     )
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    """Poll a real process's observable effect until it holds."""
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 60.0,
+    what: str = "",
+    proc: subprocess.Popen[str] | None = None,
+) -> Any:
+    """Poll a real process's observable effect until it holds. Where it never does and
+    ``proc`` is the process that should have caused it, that process is killed (it must
+    not outlive the test) and the end of what it wrote to stderr is the failure's text."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            break  # it ended: the effect will not come
         time.sleep(0.02)  # a poll: the predicate is the event; its period decides nothing
-    raise AssertionError(f"timed out waiting for {what or predicate}")
+    told = ""
+    if proc is not None:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+        told = f"; the process (exit {proc.returncode}) wrote:\n{(err or '')[-4000:]}"
+    raise AssertionError(f"timed out waiting for {what or predicate}{told}")
 
 
 def wait_clock_past(t: float) -> None:
@@ -152,6 +167,30 @@ def pytest_configure(config: pytest.Config) -> None:
     # the run stores of execute_notebook calls without run_dir: not the tester's ~/.cache
     if "SPOTBOOK_CACHE_DIR" not in os.environ:
         os.environ["SPOTBOOK_CACHE_DIR"] = tempfile.mkdtemp(prefix="spotbook-cache-")
+
+
+# Test files whose tests all run on one pytest-xdist worker, and why.
+ONE_WORKER = {
+    "tests/test_podman.py": "the worker image is built once, and podman's store is not "
+    "shared between concurrent builds of one image",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Load balancing, each test its own unit of work, except the files of ONE_WORKER, one
+    unit each. (xdist's own grouping, its xdist_group mark, renames the tests' node ids,
+    which pytest 9.2's node ids no longer let it do: the tests spread over every worker.)"""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _Units(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in ONE_WORKER else nodeid
+
+    return _Units(config, log)
 
 
 @pytest.fixture(autouse=True)
