@@ -43,7 +43,8 @@ echo "== ruff ($(date +%T))"; ruff check src tests bench; ruff format --check sr
 echo "== mypy"; mypy
 echo "== import contracts"; lint-imports --no-cache
 # The tests on several workers (pytest-xdist): most of a test's time is a kernel starting
-# or a run waiting on its kernel, which overlap well on 2 cores. Tests that must share one
-# worker say so with xdist_group (the container image is built once).
+# or a run waiting on its kernel, which overlap well on 2 cores. Files whose tests must
+# share one worker are named in tests/conftest.py (ONE_WORKER: the container image is
+# built once).
 echo "== pytest ($(date +%T))"
-python -m pytest -n "${SPOTBOOK_TEST_WORKERS:-4}" --dist loadgroup "$@"
+python -m pytest -n "${SPOTBOOK_TEST_WORKERS:-4}" "$@"

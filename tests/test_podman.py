@@ -40,9 +40,8 @@ IMAGE = "localhost/spotbook:test"
 KEY_IN_POD = "/var/run/secrets/spotbook/key"
 CA = "/etc/ssl/certs/ca-certificates.crt"
 
-# one pytest-xdist worker runs them all: the image is built once, and podman's store is
-# not shared between concurrent builds of the same image
-pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.xdist_group("podman")]
+# one pytest-xdist worker runs them all (conftest.ONE_WORKER says why)
+pytestmark = [pytest.mark.container, pytest.mark.slow]
 
 
 def podman(
