@@ -203,7 +203,11 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
     ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
     ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
-    ("key file /dev/zero", {"in.ipynb": nb()}, RUN, 2, "larger than 64 KiB: it holds no key", "none"),
+    ("key file /dev/zero", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a FIFO, socket or device)", "none"),
+    ("key file a FIFO", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a FIFO, socket or device)", "none"),
+    ("key file past 64 KiB", {"in.ipynb": nb(), "key": "k" * 70_000}, RUN, 2, "larger than 64 KiB: it holds no key", "none"),
+    ("key file others can change", {"in.ipynb": nb(), "key": "k" * 64}, RUN, 2, "can be changed by other users (mode 666)", "none"),
+    ("key of 3 letters", {"in.ipynb": nb()}, RUN, 2, "has 3 characters; a key needs at least 32", "none"),
     ("-f /dev/zero", {"in.ipynb": nb()}, [*RUN, "-f", "/dev/zero"], 2, "larger than 64 MiB", "none"),
     ("-y alias bomb", {"in.ipynb": nb()}, [*RUN, "-y", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b, *b, *b, *b, *b, *b]"], 2, "uses a YAML alias", "none"),
     ("-f nested past the parser", {"in.ipynb": nb(), "deep.yaml": "[" * 100_000 + "]" * 100_000}, [*RUN, "-f", "deep.yaml"], 2, "nested too deeply", "none"),
@@ -215,6 +219,10 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
 ENVS = {
     "worker with half the classic variables": {"BUCKET_NAME": "b"},
     "key file /dev/zero": {"SPOTBOOK_SNAPSHOT_KEY_FILE": "/dev/zero"},
+    "key file a FIFO": {"SPOTBOOK_SNAPSHOT_KEY_FILE": "{tmp}/fifo"},
+    "key file past 64 KiB": {"SPOTBOOK_SNAPSHOT_KEY_FILE": "{tmp}/key"},
+    "key file others can change": {"SPOTBOOK_SNAPSHOT_KEY_FILE": "{tmp}/key"},
+    "key of 3 letters": {"SPOTBOOK_SNAPSHOT_KEY": "abc"},
 }
 
 
@@ -239,7 +247,12 @@ def test_bad_input(
         else:
             path.write_text(content)
     before = {p for p in (tmp_path / "rd").rglob("*")} if (tmp_path / "rd").is_dir() else set()
-    env = ENVS.get(request.node.callspec.id, {})
+    case = request.node.callspec.id
+    env = {k: v.format(tmp=tmp_path) for k, v in ENVS.get(case, {}).items()}
+    if case == "key file a FIFO":
+        os.mkfifo(tmp_path / "fifo")
+    if case == "key file others can change":
+        (tmp_path / "key").chmod(0o666)
     r = cli(*argv, cwd=tmp_path, env=env)
     assert r.returncode == code, (r.returncode, r.stderr)
     assert fragment in r.stderr, r.stderr

@@ -467,7 +467,7 @@ def test_submit_keeps_secrets_in_secrets(work: Path, kube: FakeKube) -> None:
         if p.is_file():
             assert key not in p.read_bytes(), p
     # a second submit reuses the Secret, even when this machine's key differs
-    other = {**kube.env, "SPOTBOOK_SNAPSHOT_KEY": "another-machine"}
+    other = {**kube.env, "SPOTBOOK_SNAPSHOT_KEY": "another-machine" * 3}
     r = cli(*submit_args(f"file://{work}/runs/sec2"), cwd=work, env=other)
     assert r.returncode == 0, r.stderr
     assert len(kube.objects("secrets")) == 1

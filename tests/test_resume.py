@@ -280,9 +280,10 @@ def test_tampered_blob_is_never_unpickled(work: Path, place: Place) -> None:
 
 @on("local", "s3")
 def test_key_from_environment_must_match(work: Path, place: Place) -> None:
-    keyed = Place(place.kind, place.rd, place.url, {**place.env, "SPOTBOOK_SNAPSHOT_KEY": "one"})
+    one = {**place.env, "SPOTBOOK_SNAPSHOT_KEY": "one" * 11}
+    keyed = Place(place.kind, place.rd, place.url, one)
     _kill_after(work, keyed, 3)
-    wrong = {**place.env, "SPOTBOOK_SNAPSHOT_KEY": "other"}
+    wrong = {**place.env, "SPOTBOOK_SNAPSHOT_KEY": "other" * 7}
     r = cli("resume", place.rd, cwd=work, env=wrong)
     assert r.returncode == 2 and "another key" in r.stderr
     _resume(work, keyed)

@@ -69,6 +69,9 @@ class Key:
 
 
 _MAX_KEY = 64 << 10  # a key file holds a key: a few dozen bytes, never a stream
+# A key is guessed from the key id every run.json carries unless it is long: a 3-letter
+# key falls at once. 32 characters is 128 bits as hex (`openssl rand -hex 32` gives 64).
+MIN_KEY = 32
 
 
 def _bounded_key(data: bytes, path: str) -> bytes:
@@ -77,25 +80,54 @@ def _bounded_key(data: bytes, path: str) -> bytes:
     return data.strip()
 
 
+def _strong(key: Key) -> Key:
+    if len(key.secret) < MIN_KEY:
+        raise UsageError(
+            f"the run key from {key.source} has {len(key.secret)} characters; a key needs at "
+            f"least {MIN_KEY}, or it can be guessed from the key id in run.json (make one "
+            "with `openssl rand -hex 32`)"
+        )
+    return key
+
+
+def _key_file(path: str) -> bytes:
+    """A key file's bytes: a plain file that only its owner can change, read up to a bound
+    (a FIFO would hold the reader forever, a device never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise UsageError(
+            f"${KEY_FILE_ENV} names {path!r}, which cannot be read ({exc.strerror}); "
+            "mount the run key's Secret there or unset the variable"
+        ) from exc
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(
+                f"the key file {path!r} (${KEY_FILE_ENV}) is not a plain file (a FIFO, "
+                "socket or device): it holds no key"
+            )
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UsageError(
+                f"the key file {path!r} (${KEY_FILE_ENV}) can be changed by other users "
+                f"(mode {stat.S_IMODE(mode):o}); make it writable by its owner only "
+                f"(`chmod go-w {path}`)"
+            )
+        return _bounded_key(fh.read(_MAX_KEY + 1), path)
+
+
 def load_key(create: bool = True) -> Key:
     """The key this process signs and checks with (see the module's docstring)."""
     value = os.environ.get(KEY_ENV, "").strip()
     if value:
-        return Key(value.encode(), f"${KEY_ENV}")
+        return _strong(Key(value.encode(), f"${KEY_ENV}"))
     path = os.environ.get(KEY_FILE_ENV)
     if path:
-        try:
-            with open(path, "rb") as fh:
-                data = _bounded_key(fh.read(_MAX_KEY + 1), path)
-        except OSError as exc:
-            raise UsageError(
-                f"${KEY_FILE_ENV} names {path!r}, which cannot be read ({exc.strerror}); "
-                "mount the run key's Secret there or unset the variable"
-            ) from exc
+        data = _key_file(path)
         if not data:
             raise UsageError(f"the key file {path!r} (${KEY_FILE_ENV}) is empty")
-        return Key(data, f"{path} (${KEY_FILE_ENV})")
-    return _user_key(os.path.join(config_dir(), "key"), create)
+        return _strong(Key(data, f"{path} (${KEY_FILE_ENV})"))
+    return _strong(_user_key(os.path.join(config_dir(), "key"), create))
 
 
 def _user_key(path: str, create: bool) -> Key:
