@@ -137,6 +137,7 @@ def test_report_of_a_resumed_run_matches_status(stores: Path, tmp_path: Path) ->
     # loads nothing: a CSP that forbids it, and no reference out of the file
     (csp,) = [m for m in page.find("meta") if m.get("http-equiv") == "Content-Security-Policy"]
     assert csp["content"].startswith("default-src 'none';") and "script-src" not in csp["content"]
+    assert "form-action 'none'" in csp["content"] and "base-uri 'none'" in csp["content"]
     refs = [v for _, attrs in page.tags for k, v in attrs.items() if k in ("src", "href", "action")]
     assert all(not re.match(r"^[a-z]+:", v) or v.startswith("data:") for v in refs), refs
     assert "<script" not in html

@@ -22,7 +22,11 @@ from ..store.runstore import RunStore
 from .timeline import SPLIT, timeline_svg
 
 # the report file: nothing but its own inline styles and data: images
-REPORT_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:"
+# default-src does not cover where a form sends or what <base> points at: named here
+REPORT_CSP = (
+    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
+    "form-action 'none'; base-uri 'none'"
+)
 
 
 @functools.cache
