@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -177,27 +178,30 @@ def test_report_and_listing_of_a_run_in_a_bucket(place: Place, work: Path) -> No
 # -- the dashboard -------------------------------------------------------------------
 
 
+TOKEN = "s3cret-token-of-24-chars"
+
+
 def test_dashboard_guards(stores: Path) -> None:
     """Loopback by default; elsewhere only with --allow-remote and a token; a run is
     named by the key a listing gave, never by a URL."""
     from spotbook.view.dashboard import Sources, create_app
 
-    app = create_app(Sources(stores=[str(stores / "runs")], local=False), token="s3cret")
+    app = create_app(Sources(stores=[str(stores / "runs")], local=False), token=TOKEN)
     app.config["loopback_only"] = True
     c = app.test_client()
     assert c.get("/", base_url="http://127.0.0.1:9").status_code == 403  # no token
-    r = c.get("/?token=s3cret", base_url="http://127.0.0.1:9")
+    r = c.get(f"/?token={TOKEN}", base_url="http://127.0.0.1:9")
     assert r.status_code == 200 and "spotbook_token" in r.headers["Set-Cookie"]
     assert c.get("/api/runs", base_url="http://127.0.0.1:9").status_code == 200  # the cookie
     # DNS rebinding: a page elsewhere that resolved its name to 127.0.0.1
     c2 = app.test_client()
-    assert c2.get("/?token=s3cret", base_url="http://evil.example:9").status_code == 403
+    assert c2.get(f"/?token={TOKEN}", base_url="http://evil.example:9").status_code == 403
     assert c.get("/run/0123456789abcdef", base_url="http://127.0.0.1:9").status_code == 404
     assert c.get("/run/..%2F..%2Fetc", base_url="http://127.0.0.1:9").status_code == 404
     r = cli("ui", "--host", "0.0.0.0", "--port", "0", cwd=stores)
     assert r.returncode == 2 and "--allow-remote" in r.stderr, r.stderr
     # every loopback address is loopback (ui --host 127.0.0.2 once refused every request)
-    assert c.get("/api/runs?token=s3cret", base_url="http://127.0.0.2:9").status_code == 200
+    assert c.get(f"/api/runs?token={TOKEN}", base_url="http://127.0.0.2:9").status_code == 200
     # an action is a POST from the dashboard's own page: a form or a script elsewhere
     # (no header, or another Origin) is refused before anything is looked up
     listing = c.get("/api/runs", base_url="http://127.0.0.1:9").get_json()
@@ -209,6 +213,30 @@ def test_dashboard_guards(stores: Path) -> None:
         f"/run/{key}/explode", base_url="http://127.0.0.1:9", headers={"X-Spotbook-Action": "1"}
     ).get_json() == {"error": "no action 'explode': stop, resume or delete"}
     assert len(list((stores / "runs").iterdir())) >= 4  # nothing deleted
+
+
+def test_the_token_is_long_and_never_in_the_request_log(stores: Path) -> None:
+    """A one-letter token was accepted; the first visit's URL, token and all, went to the
+    request log (a terminal's scrollback, a pod's logs)."""
+    r = cli("ui", "--token", "x", "--port", "0", cwd=stores)
+    assert r.returncode == 2 and "has 1 characters; give one of at least 22" in r.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spotbook", "ui", "--store", str(stores / "runs"), "--no-local",
+         "--port", "0", "--token", TOKEN],
+        cwd=stores, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    found = re.search(r"http://127\.0\.0\.1:\d+/\?token=\S+", line)
+    assert found, line
+    try:
+        with urllib.request.urlopen(found.group(0), timeout=60) as resp:
+            assert resp.status == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "GET /?token=(hidden)" in err, err
+    assert TOKEN not in err, err
 
 
 @pytest.fixture

@@ -490,7 +490,9 @@ def _add_view_parsers(sub: Any) -> None:
         help="allow a --host other machines can reach (a token is then required)",
     )
     ui.add_argument(
-        "--token", help="the token requests must carry (default: $SPOTBOOK_UI_TOKEN, or made)"
+        "--token",
+        help="the token requests must carry, at least 22 characters (default: "
+        "$SPOTBOOK_UI_TOKEN, or made)",
     )
     ui.add_argument(
         "--refresh", type=float, default=2.0, metavar="SECONDS", help="live refresh (default 2)"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from .report import notebook_html, render_report, run_cost_or_none, stylesheet, 
 from .timeline import timeline_svg
 
 TOKEN_COOKIE = "spotbook_token"
+# 128 bits as URL-safe base64; the token made for the user has 192
+MIN_TOKEN = 22
+_TOKEN_IN_URL = re.compile(r"([?&]token=)[^&\s]*")
 # the notebook's document: nothing runs, nothing loads but its own inline styles and images
 NOTEBOOK_CSP = (
     "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:"
@@ -127,6 +131,11 @@ def _version(doc: dict[str, Any]) -> str:
 
 def create_app(sources: Sources, *, token: str | None = None, refresh: float = 2.0) -> Any:
     """The Flask app (``token``: required of every request when given)."""
+    if token is not None and len(token) < MIN_TOKEN:
+        raise UsageError(
+            f"the dashboard's token has {len(token)} characters; give one of at least "
+            f"{MIN_TOKEN} (or none: `spotbook ui` makes one)"
+        )
     from flask import Flask, Response, abort, jsonify, make_response, request
 
     from ..ops.runs import run_logs, run_notebook, run_status
@@ -386,7 +395,16 @@ def serve(
     refresh: float = 2.0,
 ) -> Served:
     """Bind the dashboard (not yet serving: call ``served.server.serve_forever()``)."""
-    from werkzeug.serving import make_server
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    class _Handler(WSGIRequestHandler):
+        """The request log without the token a first visit carries in its URL."""
+
+        def log_request(self, code: Any = "-", size: Any = "-") -> None:
+            self.requestline = _TOKEN_IN_URL.sub(r"\1(hidden)", self.requestline)
+            if hasattr(self, "path"):  # the request handled (werkzeug logs it by its path)
+                self.path = _TOKEN_IN_URL.sub(r"\1(hidden)", self.path)
+            super().log_request(code, size)
 
     loopback = is_loopback(host)
     if not loopback and not allow_remote:
@@ -399,7 +417,7 @@ def serve(
     app = create_app(sources, token=token, refresh=refresh)
     app.config["loopback_only"] = loopback
     try:
-        server = make_server(host, port, app, threaded=True)
+        server = make_server(host, port, app, threaded=True, request_handler=_Handler)
     except OSError as exc:
         raise UsageError(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --port"
