@@ -176,6 +176,7 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("submit --memory in words", {"in.ipynb": nb()}, [*DRY, "--memory", "16 GB please"], 2, "--memory '16 GB please' is not a positive", "none"),
     ("submit --service-account not a name", {"in.ipynb": nb()}, [*DRY, "--service-account", "My Account"], 2, "--service-account 'My Account' is not a valid name", "none"),
     ("submit --gpu beyond any node", {"in.ipynb": nb()}, [*DRY, "--gpu", "nvidia-l4:99999999999999999999999"], 2, "more than any node has", "none"),
+    ("submit --env trusting unsealed stores", {"in.ipynb": nb()}, [*DRY, "--env", "SPOTBOOK_TRUST_LEGACY_STORE=1"], 2, "a pod never trusts a store without seals", "none"),
     ("submit --env naming the run store", {"in.ipynb": nb()}, [*DRY, "--env", "SPOTBOOK_RUN_DIR=gs://b/other"], 2, "spotbook sets SPOTBOOK_RUN_DIR in the pod itself", "none"),
     ("submit --env HOME", {"in.ipynb": nb()}, [*DRY, "--env", "HOME=/root"], 2, "spotbook sets HOME in the pod itself", "none"),
     ("submit --secret-env the key", {"in.ipynb": nb()}, [*DRY, "--secret-env", "SPOTBOOK_SNAPSHOT_KEY=s:k"], 2, "the run key goes in --key-secret", "none"),

@@ -673,6 +673,10 @@ def test_a_run_written_by_the_previous_format_is_refused_unless_trusted(tmp_path
         "resume", "rd", "--strict-resume", cwd=tmp_path, env={"SPOTBOOK_TRUST_LEGACY_STORE": "1"}
     )
     assert r.returncode == 2, r.stderr
+    # a worker (a pod: the variable may come through envFrom) never trusts it
+    env = {"SPOTBOOK_TRUST_LEGACY_STORE": "1", "SPOTBOOK_RUN_DIR": str(tmp_path / "rd")}
+    r = cli("worker", cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "is ignored by spotbook worker" in r.stderr, r.stderr
     r = cli("resume", "rd", cwd=tmp_path, env={"SPOTBOOK_TRUST_LEGACY_STORE": "1"})
     assert r.returncode == 0 and "older spotbook" in r.stderr, r.stderr
 

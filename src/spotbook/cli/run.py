@@ -30,7 +30,7 @@ from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
 from ..attempt.runner import Runner, RunResult
 from ..notebook.parameters import Parameter, collect_parameters
-from ..store.runstore import CANCELLED, LOCAL_RUNS, RunStore, resolve_run
+from ..store.runstore import CANCELLED, LEGACY_ENV, LOCAL_RUNS, RunStore, resolve_run
 from .parser import snapshot_policy
 
 log = logging.getLogger("spotbook")
@@ -345,6 +345,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             "rand -hex 32)`), mount it and set SPOTBOOK_SNAPSHOT_KEY_FILE to the file "
             "(`spotbook submit` does this itself; see docs/kubernetes.md)"
         )
+    if os.environ.pop(LEGACY_ENV, None) is not None:
+        # it may reach a pod through envFrom: a worker resumes only what is sealed
+        log.warning("%s is ignored by spotbook worker: it resumes sealed stores only", LEGACY_ENV)
     for var in ("HOME", "TMPDIR"):
         # in the pod these lie in the working directory's emptyDir, new on every node
         where = os.environ.get(var)

@@ -31,6 +31,7 @@ from typing import Any
 
 from .._errors import UsageError
 from .._models import EXIT_CODES_FAIL_JOB, EXIT_MARGIN, SAVE_BUDGET, Limits
+from ..store.runstore import LEGACY_ENV
 from . import gpus as gpus
 
 CONTAINER = "notebook"
@@ -330,6 +331,12 @@ RESERVED_ENV = frozenset(
 
 
 def _free_name(flag: str, item: str, name: str, seen: set[str]) -> None:
+    if name == LEGACY_ENV:
+        raise UsageError(
+            f"{flag} {item!r}: a pod never trusts a store without seals (it would load "
+            "whatever a writer of the bucket put there); resume such a run on your own "
+            f"machine, with {LEGACY_ENV}=1 there"
+        )
     if name in RESERVED_ENV:
         raise UsageError(
             f"{flag} {item!r}: spotbook sets {name} in the pod itself (the run store, the "
