@@ -481,3 +481,27 @@ def test_an_unknown_language_is_refused_by_name() -> None:
 
     with pytest.raises(spotbook.ParameterError, match=r"kernel 'cobol'.*pass -k/-l"):
         parameters_cell("cobol", "cobol", {"a": 1})
+
+
+def test_files_given_back_are_never_changed_through_a_symbolic_link(tmp_path: Path) -> None:
+    """A cell that runs again gets its files back as they were before it first ran; a
+    link planted at one of those paths since must not carry the cut to the file it names."""
+    from spotbook.attempt.restore import undo_files
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("not the run's to cut")
+    (tmp_path / "log.txt").symlink_to(precious)
+    (tmp_path / "made.txt").symlink_to(precious)
+    (tmp_path / "grown.txt").write_text("before" + "after")
+    done = undo_files(
+        3,
+        {
+            str(tmp_path / "log.txt"): 0,
+            str(tmp_path / "made.txt"): None,
+            str(tmp_path / "grown.txt"): 6,
+        },
+    )
+    assert precious.read_text() == "not the run's to cut"
+    assert (tmp_path / "grown.txt").read_text() == "before"
+    assert not (tmp_path / "made.txt").exists() and not (tmp_path / "made.txt").is_symlink()
+    assert any("could not restore" in line and "log.txt" in line for line in done), done

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -316,6 +317,20 @@ def _restored_words(
     return f"{head}; replayed cell{'s' if len(replayed) > 1 else ''} {cells}"
 
 
+def _cut(path: str, size: int) -> bool:
+    """Cut the plain file at ``path`` back to ``size`` bytes; never through a symbolic link
+    (one planted there since would have the truncation land on the file it points at)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size <= size:
+            return False
+        os.ftruncate(fd, size)
+        return True
+    finally:
+        os.close(fd)
+
+
 def undo_files(index: int, undo: dict[str, int | None]) -> list[str]:
     """Give cell ``index``, which finished but was killed before its record was
     committed, the files it wrote as they were before it first ran: it runs again."""
@@ -323,11 +338,10 @@ def undo_files(index: int, undo: dict[str, int | None]) -> list[str]:
     for path, size in sorted(undo.items()):
         try:
             if size is None:
-                if os.path.isfile(path):
+                if os.path.isfile(path) or os.path.islink(path):  # a link goes, not its target
                     os.unlink(path)
                     done.append(f"removed {path}, which cell {index} created")
-            elif os.path.getsize(path) > size:
-                os.truncate(path, size)
+            elif _cut(path, size):
                 done.append(f"cut {path} back to the {size} bytes it had before cell {index}")
         except OSError as exc:
             done.append(f"could not restore {path} for cell {index} ({exc.strerror})")
