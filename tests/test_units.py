@@ -505,3 +505,22 @@ def test_files_given_back_are_never_changed_through_a_symbolic_link(tmp_path: Pa
     assert (tmp_path / "grown.txt").read_text() == "before"
     assert not (tmp_path / "made.txt").exists() and not (tmp_path / "made.txt").is_symlink()
     assert any("could not restore" in line and "log.txt" in line for line in done), done
+
+
+def test_a_whole_file_write_never_goes_through_a_planted_link(tmp_path: Path) -> None:
+    """OUTPUT, report -o and a local store's documents are written under a temporary name,
+    then renamed: links planted at the names a writer could foresee (this process's pid
+    and a counter, as they once were) and at the target itself change nothing else."""
+    import os
+
+    from spotbook.store.backends import atomic_write
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("not the run's")
+    out = tmp_path / "out.ipynb"
+    out.symlink_to(precious)
+    for n in range(10):
+        Path(f"{out}.tmp-{os.getpid()}-{n}").symlink_to(precious)
+    atomic_write(str(out), b"the notebook")
+    assert precious.read_text() == "not the run's"
+    assert out.read_bytes() == b"the notebook" and not out.is_symlink()

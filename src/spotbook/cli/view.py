@@ -7,6 +7,7 @@ import os
 import sys
 
 from .._errors import UsageError
+from ..store.backends import atomic_write
 
 
 def _needs(what: str, module: str) -> None:
@@ -26,11 +27,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(html)
         return 0
-    tmp = f"{args.output}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(html)
-        os.replace(tmp, args.output)
+    try:  # whole, under a name no one can foresee, never through a link
+        atomic_write(os.path.abspath(args.output), html.encode("utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from exc
     print(f"spotbook: report of {args.run} in {args.output}", file=sys.stderr)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import logging
 import os
 import random
@@ -237,10 +236,10 @@ class LocalBackend(Backend):
     def write(self, path: str, data: bytes, what: str) -> None:
         with self.translate(what):
             try:
-                _atomic_local(path, data, private=True)
+                atomic_write(path, data, private=True)
             except FileNotFoundError:
                 self._dirs(path, what)
-                _atomic_local(path, data, private=True)
+                atomic_write(path, data, private=True)
 
     def create(self, path: str, data: bytes, what: str) -> bool:
         with self.translate(what):
@@ -296,7 +295,7 @@ class LocalBackend(Backend):
     def put_file(self, local: str, path: str, what: str) -> None:
         with self.translate(what):
             self._dirs(path, what)
-            tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
+            tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
             try:
                 with open(local, "rb") as src, _private_file(tmp) as dst:
                     shutil.copyfileobj(src, dst)
@@ -440,17 +439,18 @@ def backend_for(url: str, fs: Any, root: str) -> Backend:
     return kind(url, fs, root)
 
 
-_tmp_names = itertools.count()
-
-
-def _atomic_local(path: str, data: bytes, private: bool = False) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{next(_tmp_names)}"
+def atomic_write(path: str, data: bytes, private: bool = False) -> None:
+    """Write ``path`` whole: a new file under a name no one can foresee (a link planted at
+    a predictable one would take the write elsewhere), never through a link, then renamed
+    over ``path`` (which replaces a link there, never writes through it)."""
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
     try:
         if private:
             with _private_file(tmp) as fh:
                 fh.write(data)
         else:
-            with open(tmp, "wb") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
         os.replace(tmp, path)
     except BaseException:

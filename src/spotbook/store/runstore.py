@@ -57,7 +57,7 @@ from .._errors import (
     UsageError,
 )
 from .._models import AttemptRecord, CellStatus
-from .backends import _atomic_local, backend_for, transient, with_retries
+from .backends import atomic_write, backend_for, transient, with_retries
 from .integrity import (
     SEAL_FORMAT,
     Key,
@@ -239,7 +239,7 @@ def write_url(url: str, data: bytes) -> None:
     fs, path = _fs(url)
     try:
         if isinstance(fs, LocalFileSystem):
-            _atomic_local(path, data)
+            atomic_write(path, data)
         else:
             with_retries(lambda: fs.pipe_file(path, data), f"write {url}")
     except Exception as exc:
