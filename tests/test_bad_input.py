@@ -205,6 +205,7 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
     ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
     ("key file /dev/zero", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a FIFO, socket or device)", "none"),
+    ("--run-dir others can write", {"in.ipynb": nb(), "rd/.keep": ""}, RUN, 2, "can be changed by other users (mode 777)", "kept"),
     ("key file a FIFO", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a FIFO, socket or device)", "none"),
     ("key file past 64 KiB", {"in.ipynb": nb(), "key": "k" * 70_000}, RUN, 2, "larger than 64 KiB: it holds no key", "none"),
     ("key file others can change", {"in.ipynb": nb(), "key": "k" * 64}, RUN, 2, "can be changed by other users (mode 666)", "none"),
@@ -252,6 +253,8 @@ def test_bad_input(
     env = {k: v.format(tmp=tmp_path) for k, v in ENVS.get(case, {}).items()}
     if case == "key file a FIFO":
         os.mkfifo(tmp_path / "fifo")
+    if case == "--run-dir others can write":
+        (tmp_path / "rd").chmod(0o777)
     if case == "key file others can change":
         (tmp_path / "key").chmod(0o666)
     r = cli(*argv, cwd=tmp_path, env=env)

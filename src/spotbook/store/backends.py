@@ -207,6 +207,7 @@ class LocalBackend(Backend):
     def __init__(self, url: str, fs: Any, root: str) -> None:
         super().__init__(url, fs, root)
         self._fds: dict[str, int] = {}
+        self._root_ok = False
 
     def unusable(self, what: str, exc: OSError) -> Exception:
         # a local path that cannot be a run store: retrying cannot help (exit 2)
@@ -234,6 +235,7 @@ class LocalBackend(Backend):
             raise self.unusable(what, exc) from exc
 
     def write(self, path: str, data: bytes, what: str) -> None:
+        self._own_root()
         with self.translate(what):
             try:
                 atomic_write(path, data, private=True)
@@ -241,7 +243,29 @@ class LocalBackend(Backend):
                 self._dirs(path, what)
                 atomic_write(path, data, private=True)
 
+    def _own_root(self) -> None:
+        """Refuse a run folder another user owns or others can write: they could swap the
+        checkpoint folder's files or plant links in it (this user's new folders are 0700)."""
+        if self._root_ok:
+            return
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return  # not there yet: this user makes it, 0700
+        if st.st_uid != os.geteuid():
+            why = f"belongs to another user (uid {st.st_uid})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = f"can be changed by other users (mode {stat.S_IMODE(st.st_mode):o})"
+        else:
+            self._root_ok = True
+            return
+        raise StoreIntegrityError(
+            f"run store {self.url} {why}: they could change what the run loads, so it was "
+            f"not used; give --run-dir a folder of your own, or `chmod go-w {self.root}`"
+        )
+
     def create(self, path: str, data: bytes, what: str) -> bool:
+        self._own_root()
         with self.translate(what):
             self._dirs(path, what)
             try:
@@ -293,6 +317,7 @@ class LocalBackend(Backend):
             return sorted(n for n in os.listdir(path) if ".tmp-" not in n)
 
     def put_file(self, local: str, path: str, what: str) -> None:
+        self._own_root()
         with self.translate(what):
             self._dirs(path, what)
             tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -311,6 +336,7 @@ class LocalBackend(Backend):
         with self.translate(what):
             fd = self._fds.get(path)
             if fd is None:
+                self._own_root()
                 self._dirs(path, what)
                 flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                 try:
@@ -341,6 +367,7 @@ class LocalBackend(Backend):
         self._fds.clear()
 
     def refuse_links(self, rels: tuple[str, ...], dirs: tuple[str, ...]) -> None:
+        self._own_root()
         for rel in rels:
             if os.path.islink(os.path.join(self.root, rel)):
                 raise StoreIntegrityError(
