@@ -250,6 +250,15 @@ def test_a_failing_point_fails_alone_and_the_sweep_says_so(tmp_path: Path) -> No
     assert bad_rows.returncode == 2 and ".csv or .jsonl" in bad_rows.stderr
     missing = cli("sweep", "status", "nowhere", cwd=tmp_path)
     assert missing.returncode == 2 and "no sweep in" in missing.stderr
+    # a writer of the store forges a point's result: its record fails its check, as it
+    # would on resume; the results leave it out, name it, and exit 2
+    records = next((tmp_path / "sw" / "points" / "0" / "cells").glob("*.jsonl"))
+    value = json.dumps(expected_acc(0.1, 7))
+    assert value in records.read_text()
+    records.write_text(records.read_text().replace(value, "0.999"))
+    forged = cli("sweep", "results", "sw", cwd=tmp_path)
+    assert forged.returncode == 2, forged.stderr
+    assert "point 0: results refused" in forged.stderr and "0.999" not in forged.stdout
 
 
 def test_record_refuses_what_json_cannot_hold() -> None:

@@ -10,9 +10,11 @@ import sys
 from typing import Any
 
 from .._errors import UsageError
+from .._models import EXIT_OK, EXIT_USAGE
 from ..notebook.grid import expand, read_rows, typed_values
 from ..notebook.parameters import collect_parameters
 from ..ops.sweep import (
+    REFUSED,
     PointOptions,
     SweepTable,
     prepare_sweep,
@@ -144,10 +146,13 @@ def _cmd_sweep_results(args: argparse.Namespace) -> int:
     table = sweep_status(args.url)
     if not args.output:
         sys.stdout.write(_csv(table))
-        return 0
-    kind = write_results(table, args.output)
-    _say(f"wrote {len(table.rows)} points to {args.output} ({kind})")
-    return 0
+    else:
+        kind = write_results(table, args.output)
+        _say(f"wrote {len(table.rows)} points to {args.output} ({kind})")
+    refused = [r for r in table.rows if r.message.startswith(REFUSED)]
+    for r in refused:  # the rest are written; these points' results are left empty
+        _say(f"point {r.index}: {r.message}")
+    return EXIT_USAGE if refused else EXIT_OK  # exit 2, as for any store that fails its check
 
 
 def _csv(table: SweepTable) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import InputChangedError, RunNotFoundError, UsageError
+from .._errors import InputChangedError, RunNotFoundError, StoreIntegrityError, UsageError
 from .._models import (
     EXIT_CELL_ERROR,
     EXIT_OK,
@@ -230,9 +230,16 @@ def open_sweep(url: str) -> tuple[str, list[dict[str, Any]]]:
     return url, doc["points"]
 
 
+# a point's message when its results failed their check (``sweep results`` exits 2)
+REFUSED = "results refused"
+
+
 def point_results(store: RunStore) -> dict[str, Any]:
-    """What the point's cells recorded with ``spotbook.record``, last value per name."""
+    """What the point's cells recorded with ``spotbook.record``, last value per name: only
+    what the run's seal vouches for (StoreIntegrityError names a record that fails its
+    check, as a resume of the point would)."""
     out: dict[str, Any] = {}
+    store.unseal()
     records = store.cell_records()
     for index in sorted(records):
         for o in records[index].get("outputs") or []:
@@ -255,6 +262,11 @@ def sweep_status(url: str) -> SweepTable:
             continue
         doc = describe(store)
         totals = doc["downtime"]["totals"]
+        message = doc["message"]
+        try:
+            results = point_results(store)
+        except StoreIntegrityError as exc:
+            results, message = {}, f"{REFUSED}: {exc}"
         rows.append(
             PointRow(
                 index=i,
@@ -264,10 +276,10 @@ def sweep_status(url: str) -> SweepTable:
                 cells_total=doc["cells_total"],
                 attempts=len(doc["attempts"]),
                 preemptions=doc["preemptions"],
-                results=point_results(store),
+                results=results,
                 duration=totals["attempt_seconds"] if doc["attempts"] else None,
                 url=store.url,
-                message=doc["message"],
+                message=message,
             )
         )
     return SweepTable(url, rows, varying([p["parameters"] for p in points]))
