@@ -681,6 +681,37 @@ def test_a_run_written_by_the_previous_format_is_refused_unless_trusted(tmp_path
     assert r.returncode == 0 and "older spotbook" in r.stderr, r.stderr
 
 
+def test_a_restart_cannot_be_undone_by_deleting_what_it_wrote(tmp_path: Path) -> None:
+    """A run, then --restart with another value; a writer of the store deletes what the
+    restart wrote (its attempts and records). The old run's objects still carry valid
+    seals, but of the old run's id: the resume refuses them, never resuming the old run
+    under the new one's name (it once exited 0 with the old value)."""
+    write_notebook(
+        tmp_path / "t.ipynb",
+        "import os\nlr = os.environ['LR']",
+        "assert os.path.exists('go')",
+        "print('lr', lr)",
+    )
+    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path, env={"LR": "0.5"})
+    assert r.returncode == 1, r.stderr
+    old_id = RunStore(str(tmp_path / "rd")).require_run()["spec"]["run_id"]
+    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--restart", cwd=tmp_path,
+            env={"LR": "0.1"})  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert RunStore(str(tmp_path / "rd")).require_run()["spec"]["run_id"] != old_id
+    for p in [*(tmp_path / "rd" / "attempts").iterdir(), *(tmp_path / "rd" / "cells").iterdir()]:
+        if not p.name.startswith(("0001", "a0001")):
+            p.unlink()  # the restart's attempts and records
+    (tmp_path / "go").write_text("")
+    r = cli("resume", "rd", cwd=tmp_path, env={"LR": "0.1"})
+    assert r.returncode == 2, r.stderr
+    assert "attempts/0001.json" in r.stderr, r.stderr
+    assert (
+        not (tmp_path / "out.ipynb").exists()
+        or "lr 0.5" not in (tmp_path / "out.ipynb").read_text()
+    )
+
+
 def test_restart_discards_a_tampered_history(tmp_path: Path) -> None:
     """--restart starts over even where the old records no longer check."""
     write_notebook(tmp_path / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")

@@ -46,7 +46,7 @@ from .attempt.progress import ProgressBar
 from .attempt.runner import Runner, RunResult
 from .notebook import document as nbs
 from .notebook.parameters import Parameter, inspect_source
-from .store.index import note_run
+from .store.index import forget_run, note_run
 from .store.integrity import Key, load_key
 from .store.runstore import (
     RunStore,
@@ -340,8 +340,14 @@ def prepare_run(
         store.write_json("run.json", {**existing, "spec": spec.to_json(), "seal": seal})
         return store
     if existing is not None:
-        old_id = existing["spec"]["run_id"]
-        spec = RunSpec(**{**vars(spec), "run_id": old_id})
+        # --restart: a new run at this place, under a new id. Every object the old run
+        # sealed is bound to the old id, so none can pass for the new run's: not when
+        # the restart's own attempts are deleted (or the store rolled back to before it),
+        # and not when run.json was another run's (its id is never taken unchecked).
+        old_spec = existing.get("spec") if isinstance(existing, dict) else None
+        old_id = old_spec.get("run_id") if isinstance(old_spec, dict) else None
+        if isinstance(old_id, str) and old_id != spec.run_id:
+            forget_run(old_id)
     # everything that can fail on bad input (the key, the spec's JSON) before any write;
     # run.json, written last, is what makes the run exist
     frozen = nbs.dumps(nb).encode()
