@@ -78,7 +78,12 @@ def disrupted(name: str, run_id: str, node: str, reason: str) -> dict[str, Any]:
     )
 
 
-def worker(work: Path, rd: str, pod_name: str, node: str, kube: FakeKube) -> subprocess.Popen:
+def worker(
+    work: Path, rd: str, pod_name: str, node: str, kube: FakeKube, stopped: bool = False
+) -> subprocess.Popen:
+    """A pod's worker process. ``stopped``: one the test stops part-way (SIGTERM), on any
+    machine: sleepy.ipynb's cell 3 waits for a gate file that is never made."""
+    gate = {"SB_GATE": str(work / "gate-never-made")} if stopped else {}
     return start_cli(
         "worker",
         cwd=work,
@@ -89,6 +94,7 @@ def worker(work: Path, rd: str, pod_name: str, node: str, kube: FakeKube) -> sub
             "NODE_NAME": node,
             "POD_NAMESPACE": "default",
             "SPOTBOOK_IMAGE": "img:1",
+            **gate,
         },
     )
 
@@ -149,7 +155,7 @@ def test_preempted_pod_is_replaced_and_wait_reports_it(work: Path, kube: FakeKub
     assert status(work, rd, kube)["status"] == "pending"
     kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
     kube.set_status("jobs", "default", job, {"active": 1})
-    w1 = worker(work, rd, "p1", "gke-spot-1", kube)
+    w1 = worker(work, rd, "p1", "gke-spot-1", kube, stopped=True)
     wait_for(lambda: len(RunStore(rd).cell_records()) >= 2, timeout=60, what="2 cells")
     kube.log("default", "p1", "tick 0", "tick 1")
     doc = status(work, rd, kube)

@@ -120,7 +120,7 @@ def test_cluster_drill_evicts_the_pod_and_follows_the_recovery(work: Path, kube:
     assert cli(*submit_args(rd), cwd=work, env=kube.env).returncode == 0
     run_id = RunStore(rd).require_run()["spec"]["run_id"]
     kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
-    w1 = worker(work, rd, "p1", "gke-spot-1", kube)
+    w1 = worker(work, rd, "p1", "gke-spot-1", kube, stopped=True)
     wait_for(lambda: len(RunStore(rd).cell_records()) >= 2, timeout=60, what="2 cells")
 
     drill = start_cli("drill", rd, "--timeout", "120", cwd=work, env=kube.env)

@@ -261,7 +261,7 @@ def test_fallback_after_a_preemption_recreates_the_job_on_demand(
     }
     assert env["SPOTBOOK_CAPACITY"] == "spot" and env["SPOTBOOK_PROVIDER"] == "gke"
     kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
-    w1 = worker(work, rd, "p1", "gke-spot-1", kube)
+    w1 = worker(work, rd, "p1", "gke-spot-1", kube, stopped=True)
     wait_for(lambda: len(RunStore(rd).cell_records()) >= 2, timeout=60, what="2 cells")
     code, err = kill(w1, signal.SIGTERM)
     assert code == 75, err
