@@ -95,6 +95,7 @@ def test_cancel_never_signals_a_process_that_is_not_the_runner(tmp_path: Path) -
     code, _ = kill(proc)  # SIGKILL: the record still says "running"
     assert code == -signal.SIGKILL
     (tmp_path / "go").write_text("")  # the orphaned kernel finishes its cell
+    # an unrelated process that lives until the test kills it (the sleep decides nothing)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         store = RunStore(str(tmp_path / "rd"))
