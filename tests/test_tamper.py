@@ -712,6 +712,24 @@ def test_a_restart_cannot_be_undone_by_deleting_what_it_wrote(tmp_path: Path) ->
     )
 
 
+def test_an_older_run_json_put_back_is_refused(tmp_path: Path) -> None:
+    """The same command again with --strict-resume re-seals run.json; a writer puts back
+    the one from before (a valid seal, of this run) to drop the flag. Every attempt since
+    carries the newer run.json's generation: the resume refuses the older one."""
+    write_notebook(tmp_path / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
+    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    older = (tmp_path / "rd" / "run.json").read_bytes()
+    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--strict-resume", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert json.loads((tmp_path / "rd" / "run.json").read_text())["spec"]["strict_resume"]
+    (tmp_path / "rd" / "run.json").write_bytes(older)
+    (tmp_path / "go").write_text("")
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "run.json is older than" in r.stderr and "put back" in r.stderr, r.stderr
+
+
 def test_restart_discards_a_tampered_history(tmp_path: Path) -> None:
     """--restart starts over even where the old records no longer check."""
     write_notebook(tmp_path / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")

@@ -297,6 +297,10 @@ class RunStore:
         # Set once run.json's seal is checked (``unseal``) or made (``seal_run``): from
         # then on what the runner trusts is signed on write and checked on read.
         self.seal: Seal | None = None
+        # run.json's generation: one more each time a new command re-seals it; every
+        # attempt record carries the one it ran under, so an older run.json put back in
+        # place of a newer one (an earlier command's limits or flags) is refused
+        self.run_generation = 0
         self._seq: dict[int, int] = {}  # attempt -> records it wrote (a record's ``seq``)
 
     def __repr__(self) -> str:
@@ -398,12 +402,21 @@ class RunStore:
         return data
 
     # -- the seal ----------------------------------------------------------------
-    def seal_run(self, key: Key, spec: dict[str, Any], input_bytes: bytes) -> dict[str, Any]:
-        """run.json's seal for a run created (or re-specified) here; arms the store."""
+    def seal_run(
+        self, key: Key, spec: dict[str, Any], input_bytes: bytes, generation: int = 0
+    ) -> dict[str, Any]:
+        """run.json's seal for a run created (``generation`` 0) or re-specified here (the
+        checked one's plus one); arms the store."""
         seal = Seal(key, str(spec["run_id"]), self.url)
-        info = {"format": SEAL_FORMAT, "key_id": key.id, "input_sha256": sha256_hex(input_bytes)}
+        info: dict[str, Any] = {
+            "format": SEAL_FORMAT,
+            "key_id": key.id,
+            "input_sha256": sha256_hex(input_bytes),
+            **({"generation": generation} if generation else {}),
+        }
         info["mac"] = seal.mac("run.json", {"spec": spec, **info})
         self.seal = seal
+        self.run_generation = generation
         return info
 
     def unseal(self, strict: bool = False) -> dict[str, Any]:
@@ -433,7 +446,11 @@ class RunStore:
             )
         seal = Seal(key, spec["run_id"], self.url)
         seal.check("run.json", {"spec": spec, **info})
+        generation = info.get("generation", 0)
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+            raise seal.refuse("run.json", "has a malformed generation")
         self.seal = seal
+        self.run_generation = generation
         return run
 
     # -- the Job's record ----------------------------------------------------------
@@ -538,7 +555,11 @@ class RunStore:
         )
 
     def _sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
-        return doc if self.seal is None else self.seal.sign(place, doc)
+        if self.seal is None:
+            return doc
+        if place.startswith("attempts/") and self.run_generation:
+            doc = {**doc, "run_generation": self.run_generation}
+        return self.seal.sign(place, doc)
 
     def _check(self, place: str, doc: Any) -> Any:
         return doc if self.seal is None else self.seal.check(place, doc)
@@ -586,6 +607,13 @@ class RunStore:
             doc = self._check(rel, self.read_json(rel))
             if doc.get("attempt") != n:
                 raise self.seal.refuse(rel, f"says it is attempt {doc.get('attempt')}")
+            ran_under = doc.get("run_generation", 0)
+            if isinstance(ran_under, int) and ran_under > self.run_generation:
+                raise self.seal.refuse(
+                    "run.json",
+                    f"is older than {rel}, which ran under a later version of it: an "
+                    "earlier run.json was put back",
+                )
             out.append((n, doc))
             if doc.get("restart"):
                 break
