@@ -14,7 +14,6 @@ from .._models import EXIT_OK, EXIT_USAGE
 from ..notebook.grid import expand, read_rows, typed_values
 from ..notebook.parameters import collect_parameters
 from ..ops.sweep import (
-    REFUSED,
     PointOptions,
     SweepTable,
     prepare_sweep,
@@ -149,7 +148,7 @@ def _cmd_sweep_results(args: argparse.Namespace) -> int:
     else:
         kind = write_results(table, args.output)
         _say(f"wrote {len(table.rows)} points to {args.output} ({kind})")
-    refused = [r for r in table.rows if r.message.startswith(REFUSED)]
+    refused = [r for r in table.rows if r.refused]
     for r in refused:  # the rest are written; these points' results are left empty
         _say(f"point {r.index}: {r.message}")
     return EXIT_USAGE if refused else EXIT_OK  # exit 2, as for any store that fails its check

@@ -73,6 +73,7 @@ class PointRow:
     duration: float | None  # seconds in attempts (None before the first)
     url: str
     message: str = ""
+    refused: bool = False  # its results failed their check: left out (``sweep results`` exits 2)
 
 
 @dataclass(frozen=True)
@@ -230,10 +231,6 @@ def open_sweep(url: str) -> tuple[str, list[dict[str, Any]]]:
     return url, doc["points"]
 
 
-# a point's message when its results failed their check (``sweep results`` exits 2)
-REFUSED = "results refused"
-
-
 def point_results(store: RunStore) -> dict[str, Any]:
     """What the point's cells recorded with ``spotbook.record``, last value per name: only
     what the run's seal vouches for (StoreIntegrityError names a record that fails its
@@ -262,11 +259,11 @@ def sweep_status(url: str) -> SweepTable:
             continue
         doc = describe(store)
         totals = doc["downtime"]["totals"]
-        message = doc["message"]
+        message, refused = doc["message"], False
         try:
             results = point_results(store)
         except StoreIntegrityError as exc:
-            results, message = {}, f"{REFUSED}: {exc}"
+            results, message, refused = {}, f"results refused: {exc}", True
         rows.append(
             PointRow(
                 index=i,
@@ -280,6 +277,7 @@ def sweep_status(url: str) -> SweepTable:
                 duration=totals["attempt_seconds"] if doc["attempts"] else None,
                 url=store.url,
                 message=message,
+                refused=refused,
             )
         )
     return SweepTable(url, rows, varying([p["parameters"] for p in points]))

@@ -229,13 +229,14 @@ class LocalBackend(Backend):
     def _dirs(self, path: str, what: str) -> None:
         """Make the folders ``path`` goes in; a place where none can be made (a missing
         parent gone meanwhile, /proc) is an unusable --run-dir, not a missing object."""
+        self._own_root()
         try:
             make_private_dirs(os.path.dirname(path))
         except FileNotFoundError as exc:
             raise self.unusable(what, exc) from exc
 
     def write(self, path: str, data: bytes, what: str) -> None:
-        self._own_root()
+        self._own_root()  # the fast path below makes no folder (_dirs checks it too)
         with self.translate(what):
             try:
                 atomic_write(path, data, private=True)
@@ -265,7 +266,6 @@ class LocalBackend(Backend):
         )
 
     def create(self, path: str, data: bytes, what: str) -> bool:
-        self._own_root()
         with self.translate(what):
             self._dirs(path, what)
             try:
@@ -317,7 +317,6 @@ class LocalBackend(Backend):
             return sorted(n for n in os.listdir(path) if ".tmp-" not in n)
 
     def put_file(self, local: str, path: str, what: str) -> None:
-        self._own_root()
         with self.translate(what):
             self._dirs(path, what)
             tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(6)}"
@@ -336,7 +335,6 @@ class LocalBackend(Backend):
         with self.translate(what):
             fd = self._fds.get(path)
             if fd is None:
-                self._own_root()
                 self._dirs(path, what)
                 flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                 try:

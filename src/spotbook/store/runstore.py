@@ -555,11 +555,7 @@ class RunStore:
         )
 
     def _sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
-        if self.seal is None:
-            return doc
-        if place.startswith("attempts/") and self.run_generation:
-            doc = {**doc, "run_generation": self.run_generation}
-        return self.seal.sign(place, doc)
+        return doc if self.seal is None else self.seal.sign(place, doc)
 
     def _check(self, place: str, doc: Any) -> Any:
         return doc if self.seal is None else self.seal.check(place, doc)
@@ -630,14 +626,21 @@ class RunStore:
             numbers = self.attempt_numbers()
             n = (numbers[-1] if numbers else 0) + 1
             rel = f"attempts/{n:04d}.json"
-            signed = self._sign(rel, {**record, "attempt": n, "claim": claim})
+            signed = self._sign(rel, {**record, **self._ran_under(n), "claim": claim})
             if self.create(rel, json.dumps(signed).encode()):
                 return n
             log.debug("attempt %d was claimed by another runner; trying the next", n)
 
+    def _ran_under(self, n: int) -> dict[str, Any]:
+        """Attempt ``n``'s number, and the run.json generation it runs under (past 0)."""
+        return {
+            "attempt": n,
+            **({"run_generation": self.run_generation} if self.run_generation else {}),
+        }
+
     def update_attempt(self, n: int, record: Mapping[str, Any]) -> None:
         rel = f"attempts/{n:04d}.json"
-        self.write_json(rel, self._sign(rel, {**record, "attempt": n}))
+        self.write_json(rel, self._sign(rel, {**record, **self._ran_under(n)}))
 
     def superseded(self, n: int) -> bool:
         return self.exists(f"attempts/{n + 1:04d}.json")
