@@ -254,6 +254,27 @@ def test_a_view_larger_than_the_only_top_level_array_is_saved_whole(tmp_path: Pa
     assert loaded["rev"][0] == 49.0 and loaded["after"] == 1
 
 
+class _SizeRaises:
+    """Like torch's sparse tensors: ``nbytes`` raises RuntimeError, not AttributeError."""
+
+    @property
+    def nbytes(self) -> int:
+        raise RuntimeError("nbytes is not defined for sparse tensors")
+
+
+def test_a_value_whose_size_raises_does_not_stop_the_snapshots(tmp_path: Path) -> None:
+    """The state's size estimate read ``nbytes`` of every variable; a torch sparse tensor
+    raised there, the snapshot failed in the kernel, and snapshots were off for the rest
+    of the run. The value is sized another way and saved like any other."""
+    from spotbook.kernel.session import state_bytes
+
+    assert state_bytes({"s": _SizeRaises(), "a": np.zeros(10)}) >= 80
+    blobs = Blobs(str(tmp_path))
+    doc, failed = dump_namespace({"s": _SizeRaises(), "after": 1}, {}, blobs)
+    loaded, lost = load_namespace(doc, blobs)
+    assert not failed and not lost and isinstance(loaded["s"], _SizeRaises)
+
+
 def test_a_handle_is_never_restored_on_a_missing_or_shorter_file(tmp_path: Path) -> None:
     """A restored write handle used to be reopened create-if-missing and sought to its
     old position (a log came back as NUL bytes and the new lines), and a SQLite

@@ -234,6 +234,23 @@ def _unwrote(value: Any) -> None:
         _written.discard(os.path.abspath(value))
 
 
+# Modules that start a command only to ask the system something for themselves (the
+# fonts it has, where a shared library is, the processor's name). matplotlib lists the
+# fonts with fc-list the first time it runs under a new home, which is every new node:
+# that is not the notebook acting on the world, and a replay of it changes nothing.
+_QUERY_CALLERS = frozenset({"matplotlib.font_manager", "ctypes.util", "platform"})
+
+
+def _asked_by_library() -> bool:
+    """Whether the command being started comes from one of ``_QUERY_CALLERS``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in _QUERY_CALLERS:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     """What a cell does to the world, for the fidelity report of a replay."""
     if not _recording:
@@ -270,6 +287,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
             if where:
                 _note("writes", where)
         elif event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec"):
+            if _asked_by_library():
+                return
             command = args[1] if event == "subprocess.Popen" else args[0]
             if isinstance(command, list | tuple):
                 command = " ".join(map(str, command))
@@ -337,7 +356,10 @@ def state_bytes(values: dict[str, Any] | None = None) -> int:
     if values is None:
         values, _ = _namespace(_shell())
     for value in values.values():
-        nbytes = getattr(value, "nbytes", None)
+        try:  # torch's sparse tensors raise RuntimeError for nbytes, not AttributeError
+            nbytes = getattr(value, "nbytes", None)
+        except Exception:
+            nbytes = None
         total += nbytes if isinstance(nbytes, int) else sys.getsizeof(value, 0)
     return total
 
