@@ -3,6 +3,7 @@ that decide what a new node gets back; and a snapshot stream whose one segment f
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -273,6 +274,21 @@ def test_a_value_whose_size_raises_does_not_stop_the_snapshots(tmp_path: Path) -
     doc, failed = dump_namespace({"s": _SizeRaises(), "after": 1}, {}, blobs)
     loaded, lost = load_namespace(doc, blobs)
     assert not failed and not lost and isinstance(loaded["s"], _SizeRaises)
+
+
+def test_a_plotly_figure_keeps_its_arrays(tmp_path: Path) -> None:
+    """plotly pickles a figure as its JSON form, where numpy arrays are base64 dicts:
+    after a resume ``fig.data[0].y`` was ``{'dtype': 'i1', 'bdata': 'AQM='}``."""
+    px = pytest.importorskip("plotly.express")
+    figure = px.bar(x=["a", "b"], y=[1, 3], title="t")
+    blobs = Blobs(str(tmp_path))
+    doc, failed = dump_namespace({"fig": figure}, {}, blobs)
+    loaded, lost = load_namespace(doc, blobs)
+    again = loaded["fig"]
+    assert not failed and not lost and type(again) is type(figure)
+    assert isinstance(again.data[0].y, np.ndarray) and again.data[0].y.tolist() == [1, 3]
+    assert again.layout.title.text == "t"
+    assert json.loads(again.to_json()) == json.loads(figure.to_json())
 
 
 def test_a_handle_is_never_restored_on_a_missing_or_shorter_file(tmp_path: Path) -> None:

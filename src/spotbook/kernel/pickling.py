@@ -171,6 +171,22 @@ def with_grad(rebuild: Callable[..., Any], args: tuple[Any, ...], grad: Any) -> 
     return tensor
 
 
+def figure_again(
+    kind: type, data: list[Any], layout: Any, frames: list[Any], grid: tuple[Any, Any]
+) -> Any:
+    """A plotly figure from its traces, layout and frames, each pickled as plotly pickles
+    them (their numpy arrays stay arrays)."""
+    figure = kind(data=data, layout=layout, frames=frames)
+    figure._grid_str, figure._grid_ref = grid
+    return figure
+
+
+def _plotly_figure(kind: type) -> bool:
+    return kind.__module__.startswith("plotly") and any(
+        k.__name__ == "BaseFigure" and k.__module__ == "plotly.basedatatypes" for k in kind.__mro__
+    )
+
+
 def build_set(kind: type, items: list[Any], presize: bool = False) -> Any:
     """A set whose items were added in ``items``' order, into a table that grew item by
     item or (``presize``) was sized for them all first, as ``set.update`` and set
@@ -377,6 +393,11 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             reduced = obj.__reduce_ex__(5)
             if isinstance(reduced, tuple) and len(reduced) == 2:
                 return with_grad, (reduced[0], reduced[1], obj.grad)
+        if _plotly_figure(kind):
+            # plotly pickles a figure as its JSON form: its arrays come back as base64
+            # dicts ({'dtype': 'i1', 'bdata': ...}), so fig.data[0].y is no array
+            grid = (obj._grid_str, obj._grid_ref)
+            return figure_again, (kind, list(obj.data), obj.layout, list(obj.frames), grid)
         if kind is bytes and len(obj) >= OUT_OF_BAND:
             return bytes, (pickle.PickleBuffer(obj),)
         if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and obj.base is not None:
