@@ -1,5 +1,5 @@
-"""The object-class table: objects of 100+ classes, each made in a notebook cell,
-killed after a snapshot, resumed, and checked by behaviour (not by repr).
+"""The object-class table: objects of 150+ classes, each made in a notebook cell,
+killed after a snapshot, resumed on a wiped node, and checked by behaviour (not by repr).
 
 ``python -m tests.object_classes`` prints the table as Markdown (what
 docs/object-classes.md holds); tests/test_object_classes.py asserts it.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -225,6 +226,19 @@ ENTRIES: dict[str, list[tuple[str, str, str]]] = {
             "o = scipy.optimize.minimize_scalar(lambda x: (x - 2) ** 2)",
             "round(float(o.x), 4)",
         ),
+        ("csc_matrix", "o = scipy.sparse.csc_matrix([[1, 0], [0, 2]])", "(o @ o).toarray().tolist()"),
+        (
+            "coo_matrix",
+            "o = scipy.sparse.coo_matrix(([5, 6], ([0, 1], [1, 0])), shape=(2, 2))",
+            "o.tocsr().toarray().tolist()",
+        ),
+        (
+            "lil_matrix",
+            "o = scipy.sparse.lil_matrix((2, 2))\no[0, 1] = 3",
+            "(o.__setitem__((1, 1), 4), o.toarray().tolist())[1]",
+        ),
+        ("dok_matrix", "o = scipy.sparse.dok_matrix((3, 3))\no[2, 0] = 1.5", "o.toarray().tolist()"),
+        ("csr_array", "o = scipy.sparse.csr_array([[0, 1], [2, 0]])", "o.sum(axis=0).tolist()"),
     ],
     "scikit-learn": [
         (
@@ -252,6 +266,36 @@ ENTRIES: dict[str, list[tuple[str, str, str]]] = {
             "o = sklearn.cluster.KMeans(2, n_init=1, random_state=0).fit([[0, 0], [0, 1], [9, 9], [9, 8]])",
             "sorted(np.bincount(o.labels_).tolist())",
         ),
+        (
+            "PCA",
+            "o = sklearn.decomposition.PCA(1).fit([[0.0, 0.0], [1.0, 1.0], [2.0, 2.1]])",
+            "o.transform([[3.0, 3.0]]).round(4).tolist()",
+        ),
+        (
+            "TfidfVectorizer",
+            "o = sklearn.feature_extraction.text.TfidfVectorizer().fit(['one spot book', 'one book'])",
+            "o.transform(['spot book']).toarray().round(4).tolist()",
+        ),
+        (
+            "DecisionTreeClassifier",
+            "o = sklearn.tree.DecisionTreeClassifier(random_state=0).fit([[0], [1], [2], [3]], [0, 0, 1, 1])",
+            "o.predict([[0.4], [2.6]]).tolist()",
+        ),
+        (
+            "OneHotEncoder",
+            "o = sklearn.preprocessing.OneHotEncoder().fit([['a'], ['b']])",
+            "o.transform([['b']]).toarray().tolist()",
+        ),
+        (
+            "SimpleImputer",
+            "o = sklearn.impute.SimpleImputer().fit([[1.0], [float('nan')], [3.0]])",
+            "o.transform([[float('nan')]]).tolist()",
+        ),
+        (
+            "GridSearchCV",
+            "o = sklearn.model_selection.GridSearchCV(sklearn.linear_model.Ridge(), {'alpha': [0.1, 10.0]}, cv=2).fit([[0], [1], [2], [3]], [0, 1, 2, 3])",
+            "(o.best_params_, o.predict([[4]]).round(4).tolist())",
+        ),
     ],
     "matplotlib": [
         (
@@ -277,6 +321,21 @@ ENTRIES: dict[str, list[tuple[str, str, str]]] = {
             "OLS results",
             "o = sm.OLS([1.0, 3.0, 5.1], sm.add_constant([0.0, 1.0, 2.0])).fit()",
             "[round(float(p), 4) for p in o.params]",
+        ),
+        (
+            "GLM results (Poisson)",
+            "o = sm.GLM([1, 0, 2, 3], sm.add_constant([0.0, 1.0, 2.0, 3.0]), family=sm.families.Poisson()).fit()",
+            "[round(float(p), 4) for p in o.params]",
+        ),
+        (
+            "formula OLS results",
+            "o = smf.ols('y ~ x', {'x': [0.0, 1.0, 2.0, 3.0], 'y': [1.0, 2.9, 5.2, 7.1]}).fit()",
+            "(round(float(o.rsquared), 6), [round(float(v), 4) for v in o.predict({'x': [4.0]})])",
+        ),
+        (
+            "Logit results",
+            "o = sm.Logit([0, 0, 1, 0, 1, 1], sm.add_constant([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])).fit(disp=0)",
+            "[round(float(p), 3) for p in o.params]",
         ),
     ],
     "lightgbm": [
@@ -315,6 +374,144 @@ ENTRIES: dict[str, list[tuple[str, str, str]]] = {
             "[round(v, 6) for v in torch.rand(2, generator=o).tolist()]",
         ),
         ("device", "o = torch.device('cpu')", "str(o)"),
+        (
+            "nn.Sequential",
+            "torch.manual_seed(1)\no = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))",
+            "[round(v, 5) for v in o(torch.ones(2, 3)).flatten().tolist()]",
+        ),
+        (
+            "nn.Conv2d",
+            "torch.manual_seed(2)\no = torch.nn.Conv2d(1, 2, 3)",
+            "(list(o(torch.ones(1, 1, 4, 4)).shape), round(float(o(torch.ones(1, 1, 4, 4)).sum()), 4))",
+        ),
+        (
+            "nn.LSTM",
+            "torch.manual_seed(3)\no = torch.nn.LSTM(2, 3, batch_first=True)",
+            "[round(v, 5) for v in o(torch.ones(1, 2, 2))[0].flatten().tolist()]",
+        ),
+        (
+            "SGD (momentum)",
+            "o_param = torch.nn.Parameter(torch.ones(2))\no = torch.optim.SGD([o_param], lr=0.1, momentum=0.9)\n(o_param ** 2).sum().backward()\no.step()",
+            "(o.step(), [round(v, 5) for v in o_param.tolist()])[1]",
+        ),
+        (
+            "lr_scheduler.StepLR",
+            "o = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0), step_size=1, gamma=0.5)\no.optimizer.step()\no.step()",
+            "(o.optimizer.step(), o.step(), o.get_last_lr())[2]",
+        ),
+        (
+            "DataLoader",
+            "o = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(6.0)), batch_size=4)",
+            "[b[0].tolist() for b in o]",
+        ),
+        (
+            "distributions.Normal",
+            "o = torch.distributions.Normal(torch.tensor(0.0), torch.tensor(2.0))",
+            "round(float(o.log_prob(torch.tensor(1.0))), 6)",
+        ),
+        (
+            "sparse COO tensor",
+            "o = torch.sparse_coo_tensor([[0, 1], [1, 0]], [3.0, 4.0], (2, 2))",
+            "(o * 2).to_dense().tolist()",
+        ),
+    ],
+    "xarray": [
+        (
+            "DataArray",
+            "o = xr.DataArray(np.arange(6.0).reshape(2, 3), dims=('x', 'y'), coords={'x': [10, 20]})",
+            "o.sel(x=20).sum().item()",
+        ),
+        (
+            "Dataset",
+            "o = xr.Dataset({'t': ('time', [1.0, 2.0, 4.0])}, coords={'time': [0, 1, 2]})",
+            "float(o.t.diff('time').mean())",
+        ),
+        (
+            "DataArrayRolling",
+            "o = xr.DataArray([1.0, 2.0, 3.0, 4.0], dims='t').rolling(t=2)",
+            "o.sum().values.tolist()",
+        ),
+    ],
+    "dask": [
+        (
+            "dask.array.Array",
+            "o = dask.array.arange(12, chunks=4).reshape(3, 4)",
+            "o.sum(axis=0).compute(scheduler='sync').tolist()",
+        ),
+        ("Delayed", "o = dask.delayed(sum)([1, 2, 3])", "o.compute(scheduler='sync')"),
+        (
+            "Bag",
+            "o = dask.bag.from_sequence(range(6), npartitions=2).map(lambda v: v * 3)",
+            "sorted(o.compute(scheduler='sync'))",
+        ),
+        (
+            "dask DataFrame",
+            "o = dask.dataframe.from_pandas(pd.DataFrame({'a': range(6)}), npartitions=2)",
+            "int(o.a.sum().compute(scheduler='sync'))",
+        ),
+    ],
+    "seaborn": [
+        (
+            "color_palette",
+            "o = sns.color_palette('deep', 3)",
+            "[tuple(round(c, 4) for c in rgb) for rgb in o]",
+        ),
+        (
+            "FacetGrid",
+            "o = sns.FacetGrid(pd.DataFrame({'a': [1, 2, 3, 4], 'k': ['p', 'q', 'p', 'q']}), col='k')",
+            "(o.axes.shape, sorted(o.col_names))",
+        ),
+        (
+            "objects.Plot",
+            "o = so.Plot({'x': [1, 2, 3], 'y': [2, 4, 6]}, x='x', y='y').add(so.Line())",
+            "o.plot()._figure.axes[0].get_lines()[0].get_ydata().tolist()",
+        ),
+    ],
+    "plotly": [
+        (
+            "graph_objects.Figure",
+            "o = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout={'title': {'text': 't'}})",
+            "(o.layout.title.text, list(o.data[0].y))",
+        ),
+        ("Scatter trace", "o = go.Scatter(y=[5, 6], mode='lines')", "(o.mode, list(o.y))"),
+        ("express figure", "o = px.bar(x=['a', 'b'], y=[1, 3])", "list(o.data[0].y)"),
+    ],
+    "transformers": [
+        (
+            "BertTokenizer (local vocabulary)",
+            "o = transformers.BertTokenizer('obj_vocab.txt')",
+            "o('hello spotbook')['input_ids']",
+        ),
+        (
+            "tokenizers BertWordPieceTokenizer",
+            "o = tokenizers.BertWordPieceTokenizer('obj_vocab.txt')",
+            "o.encode('hello spotbook world').tokens",
+        ),
+        (
+            "tokenizers Tokenizer (WordPiece)",
+            "o = tokenizers.Tokenizer(tokenizers.models.WordPiece.from_file('obj_vocab.txt', unk_token='[UNK]'))\no.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()",
+            "o.encode('world spotbook hello').ids",
+        ),
+    ],
+    "pydantic": [
+        (
+            "BaseModel (notebook class)",
+            "class PM(pydantic.BaseModel):\n    a: int\n    b: list[str] = []\no = PM(a='3', b=['x'])",
+            "(o.a * 2, o.model_dump(), PM.model_validate({'a': 4}).a)",
+        ),
+        ("TypeAdapter", "o = pydantic.TypeAdapter(list[int])", "o.validate_python(['1', 2])"),
+    ],
+    "attrs": [
+        (
+            "attrs.define (notebook class)",
+            "@attrs.define\nclass AD:\n    a: int\n    b: int = 2\n    def total(self):\n        return self.a + self.b\no = AD(1)",
+            "(o.total(), attrs.asdict(o))",
+        ),
+        (
+            "attrs.frozen (notebook class)",
+            "@attrs.frozen\nclass AF:\n    x: float\no = AF(1.5)",
+            "(o.x, attrs.evolve(o, x=2.0).x)",
+        ),
     ],
 }
 IMPORTS = {
@@ -325,16 +522,26 @@ IMPORTS = {
     "numpy": "import numpy as np",
     "pandas": "import pandas as pd",
     "scipy": "import scipy.interpolate, scipy.optimize, scipy.sparse, scipy.spatial, scipy.stats",
-    "scikit-learn": "import sklearn.cluster, sklearn.ensemble, sklearn.linear_model, "
-    "sklearn.pipeline, sklearn.preprocessing",
+    "scikit-learn": "import sklearn.cluster, sklearn.decomposition, sklearn.ensemble, "
+    "sklearn.feature_extraction.text, sklearn.impute, sklearn.linear_model, "
+    "sklearn.model_selection, sklearn.pipeline, sklearn.preprocessing, sklearn.tree",
     "matplotlib": "import matplotlib, matplotlib.figure, matplotlib.lines, matplotlib.path",
     "polars": "import polars as pl",
-    "statsmodels": "import statsmodels.api as sm",
+    "statsmodels": "import statsmodels.api as sm, statsmodels.formula.api as smf",
     "lightgbm": "import lightgbm",
     "pillow": "import PIL.Image",
     "networkx": "import networkx as nx",
     "sympy": "import sympy",
-    "torch": "import torch",
+    "torch": "import torch, torch.utils.data",
+    "xarray": "import numpy as np, xarray as xr",
+    "dask": "import dask, dask.array, dask.bag, dask.dataframe, pandas as pd",
+    "seaborn": "import pandas as pd, seaborn as sns, seaborn.objects as so",
+    "plotly": "import plotly.express as px, plotly.graph_objects as go",
+    # a local vocabulary file: no model hub is reached
+    "transformers": "import tokenizers, transformers\nopen('obj_vocab.txt', 'w').write('\\n'.join("
+    "['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]', 'hello', 'world', 'spot', '##book']))",
+    "pydantic": "import pydantic",
+    "attrs": "import attrs",
 }
 MODULES = {
     "scikit-learn": "sklearn",
@@ -398,24 +605,34 @@ def results(nb_path: Path) -> dict[str, str]:
 
 
 def run_table(where: Path, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run the notebook uninterrupted, then killed after its snapshots and resumed;
-    return one row per object: its behaviour both times and how it came back."""
+    """Run the notebook uninterrupted, then killed after its snapshots and resumed on a
+    wiped node (its working directory, home and temporary directory emptied: the run
+    store stands for the bucket); return one row per object: its behaviour both times
+    and how it came back."""
     libraries = available()
     made = write(where / "objects.ipynb", libraries)
     run_env = {**os.environ, **(env or {})}
+    # the run key outside the node (as a pod gets it from a Secret), unless pytest gave one
+    run_env.setdefault("SPOTBOOK_CONFIG_DIR", str(where / "config"))
     spot = [sys.executable, "-m", "spotbook"]
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    def cli(*args: str, cwd: Path = where) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*spot, *args], cwd=where, env=run_env, capture_output=True, text=True, timeout=600
+            [*spot, *args], cwd=cwd, env=run_env, capture_output=True, text=True, timeout=600
         )
 
     r = cli("run", "objects.ipynb", "ref.ipynb", "--run-dir", "ref")
     assert r.returncode == 0, r.stderr
+    node = {name: where / f"node-{name}" for name in ("work", "home", "tmp")}
+    for path in node.values():
+        path.mkdir()
+    run_env.update(HOME=str(node["home"]), TMPDIR=str(node["tmp"]))
     run_env["OBJ_GATE"] = str(where / "gate")  # the killed run and its resume wait for it
+    rd = str(where / "rd")
     proc = subprocess.Popen(
-        [*spot, "run", "objects.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell"],
-        cwd=where,
+        [*spot, "run", str(where / "objects.ipynb"), "out.ipynb", "--run-dir", rd]
+        + ["--snapshot", "every-cell"],
+        cwd=node["work"],
         env=run_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -431,13 +648,18 @@ def run_table(where: Path, env: dict[str, str] | None = None) -> list[dict[str, 
         time.sleep(0.05)  # a poll: the snapshot's manifest is the event waited for
     proc.kill()
     proc.communicate()
+    for path in node.values():  # a new node: nothing of the killed run's is here
+        shutil.rmtree(path)
+        path.mkdir()
     (where / "gate").touch()
-    r = cli("resume", "rd")
+    r = cli("resume", rd, cwd=node["work"])
     assert r.returncode == 0, r.stderr
-    status = json.loads(cli("status", "rd", "--json").stdout)
+    status = json.loads(cli("status", rd, "--json").stdout)
     fidelity = status["attempts"][-1]["fidelity"]
+    # the node was new: the files the cells wrote (obj.db, obj.mm, ...) came from the store
+    assert (fidelity.get("files_restored") or {}).get("files", 0) >= 4, fidelity
     manifest = json.loads((snap / sorted(os.listdir(snap))[-1]).read_text())
-    before, after = results(where / "ref.ipynb"), results(where / "out.ipynb")
+    before, after = results(where / "ref.ipynb"), results(node["work"] / "out.ipynb")
     rows = []
     for lib, cls, var in made:
         key = f"{lib}|{cls}"
