@@ -226,7 +226,11 @@ ENTRIES: dict[str, list[tuple[str, str, str]]] = {
             "o = scipy.optimize.minimize_scalar(lambda x: (x - 2) ** 2)",
             "round(float(o.x), 4)",
         ),
-        ("csc_matrix", "o = scipy.sparse.csc_matrix([[1, 0], [0, 2]])", "(o @ o).toarray().tolist()"),
+        (
+            "csc_matrix",
+            "o = scipy.sparse.csc_matrix([[1, 0], [0, 2]])",
+            "(o @ o).toarray().tolist()",
+        ),
         (
             "coo_matrix",
             "o = scipy.sparse.coo_matrix(([5, 6], ([0, 1], [1, 0])), shape=(2, 2))",
@@ -237,7 +241,11 @@ ENTRIES: dict[str, list[tuple[str, str, str]]] = {
             "o = scipy.sparse.lil_matrix((2, 2))\no[0, 1] = 3",
             "(o.__setitem__((1, 1), 4), o.toarray().tolist())[1]",
         ),
-        ("dok_matrix", "o = scipy.sparse.dok_matrix((3, 3))\no[2, 0] = 1.5", "o.toarray().tolist()"),
+        (
+            "dok_matrix",
+            "o = scipy.sparse.dok_matrix((3, 3))\no[2, 0] = 1.5",
+            "o.toarray().tolist()",
+        ),
         ("csr_array", "o = scipy.sparse.csr_array([[0, 1], [2, 0]])", "o.sum(axis=0).tolist()"),
     ],
     "scikit-learn": [
@@ -629,9 +637,9 @@ def run_table(where: Path, env: dict[str, str] | None = None) -> list[dict[str, 
     run_env.update(HOME=str(node["home"]), TMPDIR=str(node["tmp"]))
     run_env["OBJ_GATE"] = str(where / "gate")  # the killed run and its resume wait for it
     rd = str(where / "rd")
+    killed = ("--snapshot", "every-cell")
     proc = subprocess.Popen(
-        [*spot, "run", str(where / "objects.ipynb"), "out.ipynb", "--run-dir", rd]
-        + ["--snapshot", "every-cell"],
+        [*spot, "run", str(where / "objects.ipynb"), "out.ipynb", *("--run-dir", rd), *killed],
         cwd=node["work"],
         env=run_env,
         stdout=subprocess.DEVNULL,

@@ -528,7 +528,9 @@ def test_a_library_asking_the_system_is_not_the_notebooks_command(work: Path) ->
         _gate_cell(work / "gate"),
         "print(libc)",
     )
-    proc = start_cli("run", "q.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "off", cwd=work)
+    proc = start_cli(
+        "run", "q.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "off", cwd=work
+    )
     wait_for(lambda: Place("local", "rd", str(work / "rd"), {}).committed() >= 2, what="2 cells")
     kill(proc)
     (work / "gate").touch()
