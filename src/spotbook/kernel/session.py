@@ -243,7 +243,7 @@ _QUERY_CALLERS = frozenset({"matplotlib.font_manager", "ctypes.util", "platform"
 
 def _asked_by_library() -> bool:
     """Whether the command being started comes from one of ``_QUERY_CALLERS``."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_globals.get("__name__") in _QUERY_CALLERS:
             return True
