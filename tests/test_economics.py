@@ -5,9 +5,10 @@ preempted on purpose against the simulator, and the capacity fallback on the fak
 from __future__ import annotations
 
 import json
+import random
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -18,6 +19,7 @@ from spotbook._errors import UsageError
 from spotbook.attempt.environment import machine
 from spotbook.economics.prices import load_prices
 from spotbook.economics.simulate import (
+    Outcome,
     Profile,
     best_interval,
     run_once,
@@ -186,6 +188,45 @@ def test_one_simulated_run_adds_up() -> None:
     assert none.preemptions == 0 and none.finish == none.billed
 
 
+def test_the_simulator_agrees_with_one_that_steps_cell_by_cell() -> None:
+    """800 random profiles (tiled or not, synchronous or background snapshots, a first
+    interval or not), preemption times and strategies: the simulator that goes from
+    preemption to preemption bills, loses and counts what stepping every cell does."""
+    rng = random.Random(20261202)
+    for case in range(800):
+        start = rng.uniform(0.0, 2.0)
+        cells = tuple(rng.choice([0.0, rng.uniform(0.0, 3.0)]) for _ in range(rng.randint(1, 12)))
+        profile = Profile(
+            cells,
+            snapshot_seconds=rng.choice([0.0, rng.uniform(0.0, 1.0)]),
+            start_seconds=start,
+            restore_seconds=rng.uniform(0.0, 1.0),
+            kernel_seconds=rng.uniform(0.0, start),
+            finish_seconds=rng.uniform(0.0, 1.0),
+            write_seconds=rng.choice([0.0, rng.uniform(0.0, 4.0)]),
+        )
+        if rng.random() < 0.4:
+            profile = profile.tiled(profile.compute * rng.uniform(1.0, 5.0))
+        strategy = rng.choice(["resume", "resume", "restart"])
+        interval = rng.choice([None, rng.uniform(0.3, 6.0)])
+        first = rng.choice([None, rng.uniform(0.3, 6.0)])
+        span = 3 * (profile.compute + start + 2)
+        times = sorted(rng.uniform(0.0, span) for _ in range(rng.randint(0, 7)))
+        args = {"interval": interval, "delay": 1.5, "times": times, "first_interval": first}
+        fast, slow = run_once(profile, strategy, **args), _cell_by_cell(profile, strategy, **args)
+        for field in ("billed", "finish", "lost"):
+            assert getattr(fast, field) == pytest.approx(getattr(slow, field), abs=1e-6), (
+                case,
+                field,
+                profile,
+                strategy,
+                args,
+                fast,
+                slow,
+            )
+        assert fast.preemptions == slow.preemptions, (case, profile, strategy, args)
+
+
 def test_young_daly_is_the_simulations_best_interval() -> None:
     profile = Profile(tuple([2.0] + [10.0] * 20), 0.5, 2.0, 0.5).tiled(3 * 3600)
     assert 3 * 3600 <= profile.compute < 3 * 3600 + 10
@@ -333,3 +374,103 @@ def test_the_fallback_policy_reads_the_jobs_view() -> None:
         FallbackPolicy(after_preemptions=0)
     opts = JobOptions(run_id="r", run_dir="gs://b/r", image="i", env=(("A", "1"),), points=3)
     assert options_from_json(json.loads(json.dumps(options_to_json(opts)))) == opts
+
+
+def _cell_by_cell(
+    profile: Profile,
+    strategy: str,
+    *,
+    interval: float | None,
+    delay: float,
+    times: Sequence[float],
+    first_interval: float | None = None,
+) -> Outcome:
+    """The simulator as it was, one step per cell: slow (its cost grows with cells), and
+    the reference the one that jumps from preemption to preemption must agree with."""
+    out = Outcome()
+    pending = list(times)
+
+    def spend(cost: float) -> float | None:
+        """Bill ``cost``; None if it completed, else the part done before a preemption."""
+        if pending and out.billed + cost > pending[0]:
+            at = pending.pop(0)
+            part = max(at - out.billed, 0.0)
+            out.billed = max(at, out.billed)
+            return part
+        out.billed += cost
+        return None
+
+    cells = profile.cells[:1] + profile.cells[1:] * profile.repeat
+    snapshots = strategy == "resume" and interval is not None
+    saved = 0  # cells a new attempt gets back (restored from the last snapshot)
+    taken = 0  # snapshots so far: before the first, ``first_interval`` applies
+    finished = False  # every cell committed (resume): what is left is saving the output
+    while True:
+        if finished:  # a resume with nothing to run starts no kernel
+            tail = max(profile.start_seconds - profile.kernel_seconds, 0.0)
+            if spend(tail + profile.finish_seconds) is None:
+                break
+            out.preemptions += 1
+            out.finish += delay
+            continue
+        start = profile.start_seconds + (profile.restore_seconds if saved else 0.0)
+        if spend(start) is not None:
+            out.preemptions += 1
+            out.finish += delay
+            continue
+        # since: compute since the last committed snapshot (a preemption loses it);
+        # fresh: since the last one taken (the policy's clock)
+        i, since, fresh, cut = saved, 0.0, 0.0, False
+        pend: tuple[int, float, float] | None = None  # a background one: saves, commits at, covers
+
+        def landed() -> None:
+            nonlocal saved, since, pend
+            if pend is not None and out.billed >= pend[1]:  # it committed before now
+                saved, since, pend = pend[0], since - pend[2], None
+
+        while i < len(cells):
+            part = spend(cells[i])
+            landed()
+            due = (first_interval if taken == 0 and first_interval else interval) or 0.0
+            if part is None and snapshots and i + 1 < len(cells) and fresh + cells[i] >= due:
+                cut_short = None
+                if pend is not None:  # one at a time: the cells wait for the one being written
+                    cut_short = spend(max(pend[1] - out.billed, 0.0))
+                    landed()
+                if cut_short is None:
+                    cut_short = spend(profile.snapshot_seconds)
+                if cut_short is not None:  # the snapshot did not finish: the cell's work is lost
+                    part = cells[i] + cut_short
+                elif profile.write_seconds > 0:
+                    since += cells[i]
+                    pend = (i + 1, out.billed + profile.write_seconds, since)
+                    fresh, i, taken = 0.0, i + 1, taken + 1
+                    continue
+                else:
+                    saved, since, fresh, i, taken = i + 1, 0.0, 0.0, i + 1, taken + 1
+                    continue
+            if part is not None:
+                out.lost += since + part
+                cut = True
+                break
+            since += cells[i]
+            fresh += cells[i]
+            i += 1
+        # the end waits for the last one being written
+        if not cut and pend is not None and spend(max(pend[1] - out.billed, 0.0)) is not None:
+            out.lost += since
+            cut = True
+        if not cut:
+            if spend(profile.finish_seconds) is None:
+                break
+            # stopped while saving the output: spotbook has every cell committed; without
+            # it the run starts over
+            if strategy == "resume":
+                finished = True
+            else:
+                out.lost += since
+                saved = 0
+        out.preemptions += 1
+        out.finish += delay
+    out.finish += out.billed
+    return out

@@ -205,7 +205,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     doc = {
         "profile": {
             "source": profile.source,
-            "cells": len(profile.cells),
+            "cells": profile.count,
             "compute_hours": round(profile.compute / HOUR, 4),
             "snapshot_seconds": round(profile.snapshot_seconds, 4),
             "snapshot_measured": profile.snapshot_measured,

@@ -67,7 +67,7 @@ class ChaosReport:
             "delay": self.delay,
             "signal": self.signal,
             "profile": {
-                "cells": len(self.profile.cells),
+                "cells": self.profile.count,
                 "compute_seconds": round(self.profile.compute, 3),
                 "snapshot_seconds": round(self.profile.snapshot_seconds, 4),
                 "start_seconds": round(self.profile.start_seconds, 3),

@@ -12,6 +12,12 @@ a trace, each preemption followed by a wait for a new node. Strategies:
 - ``restart``: the Job controller alone — a preemption loses everything; the next
   attempt starts the notebook over.
 
+A simulated run goes from one preemption to the next: where each lands, and what it loses,
+follows from the cells' cumulative compute and the chain of snapshot points a run that is
+never preempted would take (a resume starts from one of them, so its next snapshots are
+the chain's next ones). Its cost grows with preemptions, not with cells or snapshots; a
+tiled profile counts its cells instead of listing them.
+
 Cost is billed node time (waiting for a node is not billed) over the uninterrupted run's;
 the price cancels out, so the ratio holds at any price. The snapshot interval that
 minimises the expected cost is Young's ``sqrt(2 C M)`` with Daly's correction, for
@@ -22,11 +28,13 @@ which overstates the loss for providers that give one.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
+import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,22 +67,31 @@ class Profile:
     write_seconds: float = 0.0
     # False: the run took no snapshot, and snapshot_seconds is auto's own first estimate
     snapshot_measured: bool = True
+    # a tiled run: the cells after the first run this many times
+    repeat: int = 1
+
+    @property
+    def count(self) -> int:
+        """How many cells the run has (a tiled one: the first, then the rest ``repeat``
+        times)."""
+        return 1 + (len(self.cells) - 1) * self.repeat if self.cells else 0
 
     @property
     def compute(self) -> float:
-        return sum(self.cells)
+        if not self.cells:
+            return 0.0
+        return self.cells[0] + sum(self.cells[1:]) * self.repeat
 
     def tiled(self, duration: float) -> Profile:
         """The same cells repeated (the first cell once: set-up) until the compute
-        reaches ``duration`` seconds."""
-        if duration <= self.compute or len(self.cells) < 2:
+        reaches ``duration`` seconds. The cells are counted, not listed: a day of
+        millisecond cells is tens of millions of them."""
+        body = sum(self.cells[1:])
+        if duration <= self.compute or len(self.cells) < 2 or body <= 0:
             return self
-        head, body = self.cells[:1], self.cells[1:]
-        cells = list(head)
-        while sum(cells) < duration:
-            cells.extend(body)
+        repeat = max(math.ceil((duration - self.cells[0]) / body), 1)
         return dataclasses.replace(
-            self, cells=tuple(cells), source=f"{self.source}, tiled to {duration / HOUR:g} h"
+            self, repeat=repeat, source=f"{self.source}, tiled to {duration / HOUR:g} h"
         )
 
 
@@ -166,114 +183,262 @@ class Outcome:
     lost: float = 0.0  # compute done and then lost to preemptions
 
 
+class _Timeline:
+    """A profile's cells as the compute done before each cell, ``at(m)`` (cells 0 to
+    m - 1), worked out from one pass of the cells and the repeat count."""
+
+    def __init__(self, profile: Profile) -> None:
+        cells = profile.cells
+        self.n = profile.count
+        self.repeat = profile.repeat
+        self.head = cells[0] if cells else 0.0
+        self.inner = list(itertools.accumulate(cells[1:], initial=0.0))
+        self.width = len(cells) - 1
+        self.body = self.inner[-1]
+        self.flat = list(itertools.accumulate(cells, initial=0.0)) if self.repeat == 1 else None
+        self.total = self.at(self.n)
+
+    def at(self, m: int) -> float:
+        if self.flat is not None:
+            return self.flat[m]
+        if m <= 0:
+            return 0.0
+        q, r = divmod(m - 1, self.width)
+        return self.head + q * self.body + self.inner[r]
+
+    def first(self, x: float, lo: int, *, above: bool = False) -> int:
+        """The first m >= lo with at(m) >= x (> x when ``above``); n + 1 when none."""
+        find = bisect.bisect_right if above else bisect.bisect_left
+        if self.flat is not None:
+            return find(self.flat, x, lo, self.n + 1)
+        # the block of the body it falls in, then the cell within it; the loops settle a
+        # rounding difference against at() at a block's edge
+        y = x - self.head
+        q = min(max(int(y // self.body), 0), self.repeat - 1) if self.body > 0 else 0
+        m = max(1 + q * self.width + find(self.inner, y - q * self.body), lo)
+        m = min(m, self.n + 1)
+        while m > lo and (self.at(m - 1) > x if above else self.at(m - 1) >= x):
+            m -= 1
+        while m <= self.n and not (self.at(m) > x if above else self.at(m) >= x):
+            m += 1
+        return m
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """Where the snapshots of a run that is never preempted fall: ``pos[k]`` is how many
+    cells the k-th covers (``pos[0]`` = 0: none yet), ``done[k]`` their compute, and
+    ``clock[k]`` its completion time, in node time, on one attempt's clock that never
+    stopped (the compute, the snapshots, and the waits for the one before to be written).
+    A resumed attempt starts from one of these points, so its next snapshots are the
+    chain's next ones: a stretch between preemptions is one lookup, not one step per
+    cell or per snapshot."""
+
+    pos: list[int]
+    done: list[float]
+    clock: list[float]
+    waited: list[float]  # the waits summed up to k (each before a snapshot, for the one before)
+
+    @classmethod
+    def of(
+        cls, line: _Timeline, profile: Profile, interval: float | None, first: float | None
+    ) -> _Chain:
+        pos, done = [0], [0.0]
+        due = first or interval
+        while interval is not None and due is not None:
+            # a snapshot follows cell m - 1 once the compute since the last reaches ``due``,
+            # and never the last cell
+            m = line.first(done[-1] + due, pos[-1] + 1)
+            if m >= line.n:
+                break
+            pos.append(m)
+            done.append(line.at(m))
+            due = interval
+        write, snap = profile.write_seconds, profile.snapshot_seconds
+        waited = [0.0] * len(pos)
+        for k in range(1, len(pos)):
+            gap = done[k] - done[k - 1]
+            waited[k] = waited[k - 1] + (max(write - gap, 0.0) if write > 0 else 0.0)
+        clock = [done[k] + k * snap + waited[k] for k in range(len(pos))]
+        return cls(pos, done, clock, waited)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one strategy's simulated runs share: the profile's timeline and the chains of
+    snapshot points (from the first interval, and from the plain one once a snapshot was
+    taken)."""
+
+    profile: Profile
+    line: _Timeline
+    first: _Chain
+    plain: _Chain
+
+    @classmethod
+    def of(
+        cls, profile: Profile, interval: float | None, first_interval: float | None = None
+    ) -> Plan:
+        line = _Timeline(profile)
+        first = _Chain.of(line, profile, interval, first_interval)
+        plain = _Chain.of(line, profile, interval, None) if first_interval else first
+        return cls(profile, line, first, plain)
+
+
 def run_once(
     profile: Profile,
     strategy: str,
     *,
     interval: float | None,
     delay: float,
-    times: Sequence[float],
+    times: Iterable[float],
     first_interval: float | None = None,
+    plan: Plan | None = None,
 ) -> Outcome:
     """Simulate one run: ``times`` are the instants of preemptions in billed node time
-    since the run began (attempt starts are exposed to them too)."""
+    since the run began (attempt starts are exposed to them too).
+
+    The run goes from preemption to preemption: where each lands (the start, a cell, the
+    wait for a background write, a snapshot, saving the output) and what it loses follow
+    from the chain of snapshot points (:class:`_Chain`) and the cells' cumulative compute,
+    so its cost grows with preemptions, not with cells or snapshots."""
+    resume = strategy == "resume"
+    if plan is None:
+        plan = Plan.of(profile, interval if resume else None, first_interval)
+    if len(plan.first.pos) == 1:  # no snapshot is ever taken
+        return _without_snapshots(plan, resume, delay, times)
     out = Outcome()
-    pending = list(times)
-
-    def spend(cost: float) -> float | None:
-        """Bill ``cost``; None if it completed, else the part done before a preemption."""
-        if pending and out.billed + cost > pending[0]:
-            at = pending.pop(0)
-            part = max(at - out.billed, 0.0)
-            out.billed = max(at, out.billed)
-            return part
-        out.billed += cost
-        return None
-
-    cells = profile.cells
-    snapshots = strategy == "resume" and interval is not None
-    saved = 0  # cells a new attempt gets back (restored from the last snapshot)
-    taken = 0  # snapshots so far: before the first, ``first_interval`` applies
+    upcoming = iter(times)
+    at = next(upcoming, math.inf)  # the next preemption
+    chain = plan.first
+    saved = 0  # the chain point a new attempt restores (0: none, it starts over)
+    taken = False  # a snapshot was taken (the first interval applies until then)
     finished = False  # every cell committed (resume): what is left is saving the output
     while True:
         if finished:  # a resume with nothing to run starts no kernel
             tail = max(profile.start_seconds - profile.kernel_seconds, 0.0)
-            if spend(tail + profile.finish_seconds) is None:
+            if out.billed + tail + profile.finish_seconds <= at:
+                out.billed += tail + profile.finish_seconds
                 break
-            out.preemptions += 1
-            out.finish += delay
-            continue
-        start = profile.start_seconds + (profile.restore_seconds if saved else 0.0)
-        if spend(start) is not None:
-            out.preemptions += 1
-            out.finish += delay
-            continue
-        # since: compute since the last committed snapshot (a preemption loses it);
-        # fresh: since the last one taken (the policy's clock)
-        i, since, fresh, cut = saved, 0.0, 0.0, False
-        pend: tuple[int, float, float] | None = None  # a background one: saves, commits at, covers
-
-        def landed() -> None:
-            nonlocal saved, since, pend
-            if pend is not None and out.billed >= pend[1]:  # it committed before now
-                saved, since, pend = pend[0], since - pend[2], None
-
-        while i < len(cells):
-            part = spend(cells[i])
-            landed()
-            due = (first_interval if taken == 0 and first_interval else interval) or 0.0
-            if part is None and snapshots and i + 1 < len(cells) and fresh + cells[i] >= due:
-                cut_short = None
-                if pend is not None:  # one at a time: the cells wait for the one being written
-                    cut_short = spend(max(pend[1] - out.billed, 0.0))
-                    landed()
-                if cut_short is None:
-                    cut_short = spend(profile.snapshot_seconds)
-                if cut_short is not None:  # the snapshot did not finish: the cell's work is lost
-                    part = cells[i] + cut_short
-                elif profile.write_seconds > 0:
-                    since += cells[i]
-                    pend = (i + 1, out.billed + profile.write_seconds, since)
-                    fresh, i, taken = 0.0, i + 1, taken + 1
-                    continue
-                else:
-                    saved, since, fresh, i, taken = i + 1, 0.0, 0.0, i + 1, taken + 1
-                    continue
-            if part is not None:
-                out.lost += since + part
-                cut = True
-                break
-            since += cells[i]
-            fresh += cells[i]
-            i += 1
-        # the end waits for the last one being written
-        if not cut and pend is not None and spend(max(pend[1] - out.billed, 0.0)) is not None:
-            out.lost += since
-            cut = True
-        if not cut:
-            if spend(profile.finish_seconds) is None:
-                break
-            # stopped while saving the output: spotbook has every cell committed; without
-            # it the run starts over
-            if strategy == "resume":
-                finished = True
-            else:
-                out.lost += since
-                saved = 0
+        else:
+            start = profile.start_seconds + (profile.restore_seconds if saved else 0.0)
+            if out.billed + start <= at:
+                out.billed += start
+                if saved == 0 and taken:
+                    chain = plan.plain
+                cut = _attempt(plan, chain, saved, out, at)
+                if cut is None:
+                    break
+                saved, took, at_end = cut
+                taken = taken or took
+                if at_end and resume:
+                    finished = True
+                elif at_end:  # without spotbook the run starts over
+                    out.lost += plan.line.total
+                    saved = 0
+        out.billed = max(out.billed, at)
         out.preemptions += 1
         out.finish += delay
+        at = next(upcoming, math.inf)
     out.finish += out.billed
     return out
 
 
-def _times(rng: random.Random, rate: float, horizon: float) -> list[float]:
-    out, t = [], 0.0
-    while rate > 0:
-        t += rng.expovariate(rate)
-        if t > horizon:
+def _without_snapshots(plan: Plan, resume: bool, delay: float, times: Iterable[float]) -> Outcome:
+    """:func:`run_once` for a run that takes no snapshot (a restart, or a resume with
+    snapshots off): every attempt starts from the first cell, so a preemption in the
+    cells loses all the compute since the attempt's start. A restart that cannot finish
+    between preemptions meets every one of them: this loop is kept lean."""
+    profile = plan.profile
+    out = Outcome()
+    compute = plan.line.total
+    start, finish = profile.start_seconds, profile.finish_seconds
+    tail = max(profile.start_seconds - profile.kernel_seconds, 0.0) + finish
+    billed = lost = 0.0
+    preemptions = 0
+    finished = False
+    for at in times:
+        if finished:  # every cell committed: a resume only saves the output
+            if billed + tail <= at:
+                break
+        elif billed + start + compute + finish <= at:
             break
-        out.append(t)
+        elif billed + start <= at:  # cut in the cells, or saving the output
+            if billed + start + compute <= at:
+                if resume:
+                    finished = True
+                else:
+                    lost += compute
+            else:
+                lost += at - billed - start
+        billed = at if at > billed else billed
+        preemptions += 1
+    billed += tail if finished else start + compute + finish
+    out.billed, out.lost, out.preemptions = billed, lost, preemptions
+    out.finish = billed + preemptions * delay
     return out
+
+
+def _attempt(
+    plan: Plan, chain: _Chain, a: int, out: Outcome, at: float
+) -> tuple[int, bool, bool] | None:
+    """One attempt from chain point ``a`` (its start billed) until the preemption
+    ``at``: None when the run ends first; else the chain point the next attempt
+    restores, whether a snapshot was taken, and whether the cut came while saving the
+    output. Bills the attempt's node time and counts what it lost."""
+    profile, line = plan.profile, plan.line
+    pos, done, clock, waited = chain.pos, chain.done, chain.clock, chain.waited
+    last = len(pos) - 1
+    background = profile.write_seconds > 0
+    # the chain's clock shifted to this attempt's start (its first snapshot waits for none)
+    shift = out.billed - done[a] - a * profile.snapshot_seconds
+    shift -= waited[a + 1] if a < last else 0.0
+    k = a  # the last snapshot that completes by ``at``
+    if a < last:
+        k = max(bisect.bisect_right(clock, at - shift, a + 1, last + 1) - 1, a)
+    when = out.billed if k == a else shift + clock[k]  # when it completed
+    # a background snapshot counts once written (the one before it was waited for)
+    kept = k if k == a or not background or at >= when + profile.write_seconds else k - 1
+    took = k > a
+    end, upto = (pos[k + 1], done[k + 1]) if k < last else (line.n, line.total)
+    ready = when + upto - done[k]  # the cells up to the next snapshot done
+    if ready > at:  # cut in a cell
+        cell = line.first(at - when + done[k], pos[k], above=True) - 1
+        cell = min(max(cell, pos[k]), end - 1)
+        begun = when + line.at(cell) - done[k]
+        out.lost += line.at(cell) - done[kept] + max(at - begun, 0.0)
+        out.billed = max(at, begun)
+        return kept, took, False
+    if k < last:  # cut waiting for the one before to be written, or in the snapshot
+        wait = waited[k + 1] - waited[k] if k > a else 0.0
+        into = at - ready if ready + wait > at else at - ready - wait
+        out.lost += done[k + 1] - done[kept] + into
+        out.billed = at
+        return kept, took, False
+    out.billed = ready
+    if background and took:  # the end waits for the last one being written
+        wait = max(when + profile.write_seconds - ready, 0.0)
+        if ready + wait > at:
+            out.lost += line.total - done[kept]
+            out.billed = at
+            return kept, took, False
+        out.billed += wait
+    if out.billed + profile.finish_seconds <= at:
+        out.billed += profile.finish_seconds
+        return None
+    out.billed = at
+    return kept, took, True
+
+
+def _times(seed: int, trial: int, rate: float, horizon: float) -> Iterator[float]:
+    """Preemption instants at ``rate``, drawn as the run needs them up to ``horizon``:
+    a trial's own generator, so every strategy (and interval) meets the same times."""
+    draw = random.Random(seed * 1_000_003 + trial).random
+    log, mean, t = math.log, 1.0 / rate if rate > 0 else 0.0, 0.0
+    while mean > 0:
+        t -= log(1.0 - draw()) * mean  # an exponential gap (random.expovariate, inlined)
+        if t > horizon:
+            return
+        yield t
 
 
 @dataclass
@@ -306,20 +471,13 @@ def simulate(
     """The expected cost and finish of ``strategy`` over ``trials`` runs (one run when a
     ``trace`` of preemption times is given)."""
     base = profile.start_seconds + profile.compute
-    rng = random.Random(seed)
     rate = hazard_per_hour / HOUR
+    plan = Plan.of(profile, interval if strategy == "resume" else None, first_interval)
     results = []
-    for _ in range(1 if trace is not None else trials):
-        times = list(trace) if trace is not None else _times(rng, rate, 50 * base + 10 * HOUR)
+    for trial in range(1 if trace is not None else trials):
+        times = trace if trace is not None else _times(seed, trial, rate, 50 * base + 10 * HOUR)
         results.append(
-            run_once(
-                profile,
-                strategy,
-                interval=interval,
-                delay=delay,
-                times=times,
-                first_interval=first_interval,
-            )
+            run_once(profile, strategy, interval=interval, delay=delay, times=times, plan=plan)
         )
     billed = [r.billed for r in results]
     finish = [r.finish for r in results]
