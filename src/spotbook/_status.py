@@ -8,6 +8,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, NotRequired, TypedDict
 
+from ._errors import StoreIntegrityError
 from ._models import (
     INTERRUPTED_OUTCOMES,
     STATUS_ATTEMPT_FIELDS,
@@ -80,7 +81,13 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
     run = store.require_run()
     spec = RunSpec.from_json(run["spec"])
     raw = store.read("input.ipynb")
-    cells = nbs.load_frozen(raw).cells if raw else []
+    try:
+        cells = nbs.load_frozen(raw).cells if raw else []
+    except (ValueError, TypeError, AttributeError) as exc:  # UnicodeDecodeError is one
+        raise StoreIntegrityError(
+            f"{store.url}/input.ipynb is not the notebook spotbook froze there ({exc}); it was "
+            "not used. Inspect the store, or start the run over with `spotbook run ... --restart`"
+        ) from None
     executable = [i for i, c in enumerate(cells) if nbs.executable(c)]
     records = store.cell_records()
     finished = (CellStatus.COMPLETED, CellStatus.EXITED)

@@ -78,7 +78,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         place = f"pod {a['pod']}" if a.get("pod") else f"pid {a.get('pid')}"
         start = a.get("resumed_from")
         print(
-            f"  #{a.get('attempt')} {a.get('outcome'):<10} {_when(a.get('started'))} → "
+            f"  #{a.get('attempt')} {a.get('outcome') or '?':<10} {_when(a.get('started'))} → "
             f"{_when(a.get('ended'))}  from cell {int(start or 0) + 1} "
             f"on {a.get('node') or a.get('host')} {place}{extra}"
         )

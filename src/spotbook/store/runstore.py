@@ -342,9 +342,10 @@ class RunStore:
             self.bytes_written += len(data)
         return created
 
-    def read(self, rel: str, limit: int | None = None) -> bytes | None:
+    def read(self, rel: str, limit: int = RECORDS_LIMIT) -> bytes | None:
         """Bytes of ``rel``, or None if it does not exist; more than ``limit`` bytes are
-        refused (StoreIntegrityError) without being read."""
+        refused (StoreIntegrityError) without being read. Every read has a limit: a
+        writer of the store can make an object of any size."""
         try:
             return self.backend.read(self.path(rel), f"read {rel}", limit)
         except FileNotFoundError:
@@ -398,6 +399,21 @@ class RunStore:
                 f"{self.url}/run.json holds no run (a JSON {type(data).__name__}, not an "
                 "object); it was not used. Inspect the store, or start the run over with "
                 "`spotbook run ... --restart`"
+            )
+        for name, want in _RUN_TYPES.items():  # the fields outside the seal, by type
+            value = data.get(name)
+            if value is not None and (
+                not isinstance(value, want) or (isinstance(value, bool) and bool not in want)
+            ):
+                raise StoreIntegrityError(
+                    f"{self.url}/run.json: field {name!r} is {type(value).__name__}, not "
+                    f"{' or '.join(t.__name__ for t in want)}; it was not used. Inspect the "
+                    "store, or start the run over with `spotbook run ... --restart`"
+                )
+        if not isinstance(data.get("spec"), dict):
+            raise StoreIntegrityError(
+                f"{self.url}/run.json holds no run spec; it was not used. Inspect the store, "
+                "or start the run over with `spotbook run ... --restart`"
             )
         return data
 
@@ -579,6 +595,12 @@ class RunStore:
         rel = f"{self.url}/attempts/{n:04d}.json"
         if not isinstance(doc, dict):
             raise StoreIntegrityError(f"{rel} is not an attempt record (not a JSON object)")
+        for name in ("attempt",):  # what every attempt record holds from its claim
+            if doc.get(name) is None:
+                raise StoreIntegrityError(
+                    f"{rel} is not an attempt record (it has no {name!r}); it was not used. "
+                    "Inspect the store, or start the run over with `spotbook run ... --restart`"
+                )
         for name, value in doc.items():
             want = _ATTEMPT_TYPES.get(name)
             if want is None or value is None:
@@ -594,9 +616,8 @@ class RunStore:
 
     def _attempts(self) -> list[tuple[int, dict[str, Any]]]:
         if self.seal is None:
-            return [
-                (n, self.read_json(f"attempts/{n:04d}.json") or {}) for n in self.attempt_numbers()
-            ]
+            found = ((n, self.read_json(f"attempts/{n:04d}.json")) for n in self.attempt_numbers())
+            return [(n, doc) for n, doc in found if doc is not None]  # None: removed since
         out: list[tuple[int, dict[str, Any]]] = []
         for n in reversed(self.attempt_numbers()):
             rel = f"attempts/{n:04d}.json"
@@ -777,6 +798,11 @@ class RunStore:
                         f"is record {rec.get('seq')} where record {len(out) + 1} belongs "
                         "(a record was removed, repeated or moved)",
                     )
+            elif not isinstance(rec, dict) or not isinstance(rec.get("index"), int):
+                raise StoreIntegrityError(  # read before the seal is checked (status)
+                    f"{self.url}/{rel}, line {i + 1}, is not a cell record; it was not used. "
+                    "Inspect the store, or start the run over with `spotbook run ... --restart`"
+                )
             out.append(rec)
         return out
 
@@ -852,3 +878,11 @@ class RunStore:
 
 
 _ATTEMPT_TYPES = _attempt_types()
+# run.json's fields the seal does not hold (status and its message change as the run goes)
+_RUN_TYPES: dict[str, tuple[type, ...]] = {
+    "status": (str,),
+    "message": (str,),
+    "attempt": (int,),
+    "updated": (int, float),
+    "seal": (dict,),
+}
