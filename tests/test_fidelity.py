@@ -366,7 +366,10 @@ def test_a_missing_blob_falls_back_and_a_changed_one_is_refused(work: Path) -> N
         "run", "mb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", cwd=work
     )
     snap = work / "rd" / "state" / "snap"
-    wait_for(lambda: snap.is_dir() and os.listdir(snap), what="a snapshot")
+    # the record of cell 0 commits after its snapshot: killed between the two, the resume
+    # would start from cell 0 and never read the snapshot (a loaded machine hit that)
+    wait_for(lambda: cells_committed(work / "rd") >= 1, what="cell 0's record", proc=proc)
+    assert os.listdir(snap)
     kill(proc)
     (work / "gate").touch()
     doc = load(snap / os.listdir(snap)[0])
