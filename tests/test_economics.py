@@ -28,7 +28,7 @@ from spotbook.economics.simulate import (
 )
 from spotbook.store.runstore import RunStore
 
-from .conftest import cells_committed, cli, kill, start_cli, wait_for
+from .conftest import cells_committed, cli, kill, start_cli, wait_for, write_notebook
 from .servers import FakeKube
 from .test_cluster import disrupted, pod, submit_args, terminated, worker
 
@@ -261,10 +261,20 @@ TOLERANCE = 0.2  # measured cost ratio against the simulator's, for the same tim
 
 @pytest.mark.slow
 def test_chaos_agrees_with_the_simulator(work: Path) -> None:
-    # kills 4 s apart: restarts never finish between them; a resume, well before or after
-    # one (the ~5.5 s baseline puts 3, 7, 11 s on the edge of its end)
-    (work / "trace.txt").write_text("2.5\n6.5\n10.5\n")
-    r = cli("chaos", "sleepy.ipynb", "--trace", "trace.txt", "--delay", "0.5", "--work", "ch",
+    # 12 cells of 0.5 s (6 s of sleeps) and kills 6 s apart: a restart (a start, 6 s of
+    # cells, the output) never finishes between two; a resume gets 3-4.5 s of cells done
+    # in the second gap and ends 1-3 s before the third kill, whatever its start costs
+    # between 1 and 3 s. The kills are far from every attempt's end, so the count of
+    # preemptions a real run meets is the simulator's on a slow machine or a fast one
+    # (sleepy.ipynb's 4 s, killed at 2.5, 6.5 and 10.5 s, ended a resume 0.4 s before
+    # the last kill: a slower start made it 3 preemptions, not 2)
+    write_notebook(
+        work / "twelve.ipynb",
+        "import time\nn = 0",
+        *["time.sleep(0.5)\nn += 1\nprint(n)"] * 12,
+    )
+    (work / "trace.txt").write_text("3\n9\n15\n")
+    r = cli("chaos", "twelve.ipynb", "--trace", "trace.txt", "--delay", "0.5", "--work", "ch",
             "--json", cwd=work, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
