@@ -215,6 +215,13 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("-f nested past the parser", {"in.ipynb": nb(), "deep.yaml": "[" * 100_000 + "]" * 100_000}, [*RUN, "-f", "deep.yaml"], 2, "nested too deeply", "none"),
     ("cost --prices nested past the parser", {"deep.json": "[" * 100_000 + "]" * 100_000}, ["cost", "rd", "--prices", "deep.json"], 2, "--prices deep.json is not a price table", "none"),
     ("--run-dir where no folder can be made", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--run-dir", "/proc/self/x"], 2, "give --run-dir a directory", "none"),
+    ("notebook nested past the parser", {"in.ipynb": "[" * 100_000 + "]" * 100_000}, RUN, 2, "nested too deeply to be one", "none"),
+    ("notebook of objects nested past the parser", {"in.ipynb": '{"a":' * 100_000 + "1" + "}" * 100_000}, RUN, 2, "nested too deeply to be one", "none"),
+    ("submit a notebook nested past the parser", {"in.ipynb": "[" * 100_000 + "]" * 100_000}, DRY, 2, "nested too deeply to be one", "none"),
+    ("sweep --rows nested past the parser", {"in.ipynb": nb(), "g.jsonl": "[" * 100_000 + "]" * 100_000 + "\n"}, ["sweep", "in.ipynb", "--run-dir", "rd", "--rows", "g.jsonl"], 2, "g.jsonl line 1 is nested too deeply", "none"),
+    ("submit --ttl past 68 years", {"in.ipynb": nb()}, [*DRY, "--ttl", "99999999999999d"], 2, "--ttl: 8639999999999913600 s is out of Kubernetes' range", "none"),
+    ("submit --deadline past 68 years", {"in.ipynb": nb()}, [*DRY, "--deadline", "99999999999999h"], 2, "--deadline: 359999999999996400 s is out of Kubernetes' range", "none"),
+    ("submit --backoff-limit past int32", {"in.ipynb": nb()}, [*DRY, "--backoff-limit", "99999999999"], 2, "--backoff-limit 99999999999 is out of range (0 to 2147483647)", "none"),
 ]
 # fmt: on
 
@@ -384,3 +391,120 @@ def test_attempt_fields_of_the_wrong_type_are_named_not_a_traceback(tmp_path: Pa
             assert r.returncode == 2, (field, argv, r.stderr)
             assert f"attempts/0001.json: field {field!r} is" in r.stderr, r.stderr
             assert "Traceback" not in r.stderr
+
+
+# -- what a writer of the run store can put there ---------------------------------------
+def _write(rel: str, text: str) -> Callable[[Path], None]:
+    return lambda rd: (rd / rel).write_text(text)
+
+
+def _field(rel: str, key: str, value: Any) -> Callable[[Path], None]:
+    def change(rd: Path) -> None:
+        doc = json.loads((rd / rel).read_text())
+        doc[key] = value
+        (rd / rel).write_text(json.dumps(doc))  # a lone surrogate is written escaped
+
+    return change
+
+
+def _special(rel: str, kind: str) -> Callable[[Path], None]:
+    def change(rd: Path) -> None:
+        (rd / rel).unlink()
+        if kind == "fifo":
+            os.mkfifo(rd / rel)
+        elif kind == "dir":
+            (rd / rel).mkdir()
+        else:
+            os.symlink("/dev/zero", rd / rel)
+
+    return change
+
+
+def _sparse(rel: str) -> Callable[[Path], None]:
+    def change(rd: Path) -> None:
+        with (rd / rel).open("r+b") as fh:
+            fh.truncate(2 << 30)  # past the 1 GiB limit, costing no disk
+
+    return change
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+# (id, change to a finished run's store, command, code, fragment)
+# fmt: off
+STORE_CASES: list[tuple[str, Callable[[Path], None], list[str], int, str]] = [
+    ("run.json nested 100000 deep", _write("run.json", DEEP), ["status", "rd"], 2, "run.json is not valid JSON (nested too deeply)"),
+    ("run.json nested, resumed", _write("run.json", DEEP), ["resume", "rd"], 2, "run.json is not valid JSON (nested too deeply)"),
+    ("run.json a list", _write("run.json", "[1]"), ["resume", "rd"], 2, "holds no run (a JSON list, not an object)"),
+    ("run.json a list, its cost", _write("run.json", "[1]"), ["cost", "rd"], 2, "holds no run (a JSON list, not an object)"),
+    ("a lone \\ud800 in run.json", _field("run.json", "notebook", "\ud800"), ["cost", "rd"], 2, "not text"),
+    ("a lone \\ud800, resumed", _field("run.json", "notebook", "\ud800"), ["resume", "rd"], 2, "not text"),
+    ("run.json a FIFO", _special("run.json", "fifo"), ["status", "rd"], 2, "is a FIFO, socket or device"),
+    ("run.json a FIFO, resumed", _special("run.json", "fifo"), ["resume", "rd"], 2, "is a FIFO, socket or device"),
+    ("run.json a link to /dev/zero", _special("run.json", "link"), ["resume", "rd"], 2, "is a symbolic link"),
+    ("run.json a directory", _special("run.json", "dir"), ["status", "rd"], 2, "cannot read run.json: Is a directory"),
+    ("records past 1 GiB", _sparse("cells/a0001.jsonl"), ["status", "rd"], 2, "larger than the 1024 MiB"),
+    ("records past 1 GiB, resumed", _sparse("cells/a0001.jsonl"), ["resume", "rd"], 2, "larger than the 1024 MiB"),
+    ("an attempt record a list", _write("attempts/0001.json", "[]"), ["cost", "rd"], 2, "is not an attempt record (not a JSON object)"),
+    ("an attempt's pid a string", _field("attempts/0001.json", "pid", "y"), ["status", "rd"], 2, "field 'pid' is"),
+    ("an attempt record nested", _write("attempts/0001.json", DEEP), ["status", "rd", "--json"], 2, "attempts/0001.json"),
+    ("run.json's status a number", _field("run.json", "status", 3), ["status", "rd"], 2, "run.json"),
+]
+# fmt: on
+
+
+def _shape(rd: Path) -> dict[str, tuple[int, int, int]]:
+    """Every object of the store by (type bits, size, mtime): what a command changed."""
+    return {
+        str(p.relative_to(rd)): (p.lstat().st_mode, p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in rd.rglob("*")
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("finished")
+    (work / "in.ipynb").write_text(nb())
+    r = cli(*RUN, "--snapshot", "every-cell", cwd=work)
+    assert r.returncode == 0, r.stderr
+    return work / "rd"
+
+
+@pytest.mark.parametrize(
+    ("change", "argv", "code", "fragment"),
+    [pytest.param(*case[1:], id=case[0]) for case in STORE_CASES],
+)
+def test_bad_store_contents(
+    change: Callable[[Path], None],
+    argv: list[str],
+    code: int,
+    fragment: str,
+    finished_run: Path,
+    tmp_path: Path,
+) -> None:
+    """Each is refused by name with exit 2, never a traceback or a hang, and the store
+    is left as it was (a refused resume claims no attempt)."""
+    import shutil
+
+    rd = tmp_path / "rd"
+    shutil.copytree(finished_run, rd, symlinks=True)
+    change(rd)
+    before = _shape(rd)
+    r = cli(*argv, cwd=tmp_path)
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert fragment in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert _shape(rd) == before
+
+
+def test_a_run_that_cannot_be_read_does_not_hide_the_others(tmp_path: Path) -> None:
+    """`spotbook runs` names a store it cannot read (a FIFO for run.json hung it once)
+    and lists the rest, exit 0."""
+    (tmp_path / "in.ipynb").write_text(nb())
+    for _ in range(2):
+        assert cli("run", "in.ipynb", "out.ipynb", cwd=tmp_path).returncode == 0
+    runs = sorted((tmp_path / ".spotbook" / "runs").iterdir())
+    _special("run.json", "fifo")(runs[0])
+    r = cli("runs", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"cannot read {runs[0]}" in r.stderr and "is a FIFO" in r.stderr, r.stderr
+    assert runs[1].name in r.stdout and runs[0].name not in r.stdout

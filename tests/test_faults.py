@@ -280,7 +280,7 @@ def test_storage_retries_stop_at_the_deadline() -> None:
 
 def test_partial_files_a_killed_writer_left_are_removed(tmp_path: Path) -> None:
     """A kill mid-write leaves ``X.tmp-PID-N`` files; the next attempt removes those of
-    dead processes (a live writer's are left alone)."""
+    dead processes (a live writer's are left alone, and so is what no writer makes)."""
     import os
 
     write_notebook(tmp_path / "nb.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
@@ -293,10 +293,17 @@ def test_partial_files_a_killed_writer_left_are_removed(tmp_path: Path) -> None:
     live = blobs / f"def.tmp-{os.getpid()}-1"
     for p in (*stale, live):
         p.write_bytes(b"half")
+    # named like partials but no writer's: a directory (its unlink raised
+    # IsADirectoryError after the attempt was claimed, left "running") and a FIFO
+    odd_dir, odd_fifo = blobs / f"d.tmp-{dead.pid}-3", blobs / f"f.tmp-{dead.pid}-4"
+    odd_dir.mkdir()
+    (odd_dir / "inside").write_bytes(b"x")
+    os.mkfifo(odd_fifo)
     (tmp_path / "go").write_text("")
     r = cli("resume", "rd", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert not any(p.exists() for p in stale) and live.exists()
+    assert (odd_dir / "inside").exists() and odd_fifo.exists()  # left as they were
 
 
 GATED = (

@@ -233,16 +233,12 @@ def downtime(
     }
 
 
-def local_runs(base: str = ".") -> list[RunReport]:
-    """Status of every run under ``base/.spotbook/runs``, newest first."""
+def local_run_dirs(base: str = ".") -> list[str]:
+    """The run stores under ``base/.spotbook/runs``, newest first (read by the caller,
+    which names one it cannot read and goes on)."""
     root = os.path.join(base, LOCAL_RUNS)
     try:
         names = sorted(os.listdir(root), reverse=True)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    out = []
-    for name in names:
-        store = RunStore(os.path.join(root, name))
-        if store.exists("run.json"):
-            out.append(describe(store))
-    return out
+    return [os.path.join(root, name) for name in names]

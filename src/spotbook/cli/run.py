@@ -174,6 +174,8 @@ def _stdin_notebook(args: argparse.Namespace) -> Any:
     data = sys.stdin.buffer.read()
     try:
         doc = json.loads(data)
+    except RecursionError:
+        raise UsageError("stdin (INPUT -) is not a notebook: nested too deeply") from None
     except ValueError as exc:
         if getattr(args, "output_from_pipe", False):
             raise UsageError(

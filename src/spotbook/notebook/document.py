@@ -52,6 +52,10 @@ def parse(text: str | bytes, where: str) -> Notebook:
             f"{where} is not a notebook: its JSON does not parse ({exc}); "
             "the file may be truncated or not an .ipynb at all"
         ) from exc
+    except RecursionError:  # nested past the parser's stack: no notebook is
+        raise NotebookFormatError(
+            f"{where} is not a notebook: its JSON is nested too deeply to be one"
+        ) from None
     if not isinstance(data, dict) or ("cells" not in data and "worksheets" not in data):
         raise NotebookFormatError(
             f"{where} is JSON but not a Jupyter notebook (no 'cells'); pass an .ipynb file"

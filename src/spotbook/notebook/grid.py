@@ -42,6 +42,8 @@ def read_rows(text: str, name: str) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except ValueError as exc:
                 raise ParameterError(f"{name} line {n} is not JSON: {exc}") from exc
+            except RecursionError:  # nested past the parser's stack
+                raise ParameterError(f"{name} line {n} is nested too deeply") from None
             if not isinstance(row, dict):
                 raise ParameterError(f"{name} line {n} is not a JSON object of parameters")
             rows.append(row)

@@ -451,16 +451,13 @@ def list_runs(
     points, submitted runs, library calls, wherever their stores are); ``status`` keeps
     those with that status, ``since`` those whose first attempt began at or after that
     time (a ``time.time()`` value). A store that cannot be read is named in ``errors``."""
-    from .._status import local_runs
+    from .._status import local_run_dirs
     from ..store.index import indexed_runs, name_of
 
     listing = RunListing("this machine", [], [], [])
     seen: set[str] = set()
-    for doc in local_runs(os.path.abspath(base)):
-        seen.add(doc["run_dir"])
-        listing.runs.append(doc)
-    for entry in indexed_runs():
-        url = str(entry["url"])
+    urls = local_run_dirs(os.path.abspath(base)) + [str(e["url"]) for e in indexed_runs()]
+    for url in urls:
         if url in seen:
             continue
         seen.add(url)

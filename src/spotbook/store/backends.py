@@ -389,13 +389,16 @@ class LocalBackend(Backend):
         for rel in dirs:
             where = os.path.join(self.root, rel) if rel else self.root
             try:
-                names = os.listdir(where)
+                entries = list(os.scandir(where))
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            for name in names:
-                if ".tmp-" in name and not _writer_alive(name):
+            for entry in entries:
+                # spotbook's partials are plain files: anything else of that name (a
+                # directory, a FIFO) is no writer's, is never read, and stays as it is
+                plain = entry.is_file(follow_symlinks=False) or entry.is_symlink()
+                if ".tmp-" in entry.name and plain and not _writer_alive(entry.name):
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(where, name))
+                        os.unlink(entry.path)
                         removed += 1
         return removed
 
