@@ -32,6 +32,7 @@ STATE: dict[str, Any] = {
     "requests": [],  # "METHOD path?query"
     "evictions": [],  # "ns/pod"
     "gone": 0,  # watches answered 410 Gone
+    "dry_runs": [],  # objects a create with dryRun=All validated and did not keep
     "namespaces": {"default", "ml"},
 }
 TERMINAL = ("Succeeded", "Failed")
@@ -177,7 +178,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._watch(kind, ns, query)
             return self._list(kind, ns, query)
         if self.command == "POST" and name is None:
-            return self._create(kind, ns, self._body())
+            return self._create(kind, ns, self._body(), query.get("dryRun") == "All")
         key = f"{kind}/{ns}/{name}"
         if self.command == "POST" and sub == "eviction":
             return self._evict(key, ns, name)
@@ -258,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _create(self, kind: str, ns: str | None, obj: dict[str, Any]) -> None:
+    def _create(self, kind: str, ns: str | None, obj: dict[str, Any], dry_run: bool) -> None:
         meta = obj.setdefault("metadata", {})
         meta["namespace"] = ns
         key = f"{kind}/{ns}/{meta.get('name')}"
@@ -268,6 +269,9 @@ class Handler(BaseHTTPRequestHandler):
                     409,
                     _status(409, "AlreadyExists", f'{kind} "{meta.get("name")}" already exists'),
                 )
+            if dry_run:  # validated and admitted, as a real server does; nothing kept
+                STATE["dry_runs"].append(key)
+                return self._send(201, obj)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
             obj.setdefault("status", {})
             STATE["objects"][key] = obj
@@ -365,6 +369,7 @@ class Handler(BaseHTTPRequestHandler):
                     "requests": STATE["requests"],
                     "evictions": STATE["evictions"],
                     "gone": STATE["gone"],
+                    "dry_runs": STATE["dry_runs"],
                 }
             else:
                 out = None

@@ -404,6 +404,34 @@ def test_api_errors_on_submit_say_what_to_do(
     r = cli(*submit_args(f"file://{work}/runs/err"), cwd=work, env=kube.env)
     assert r.returncode == 3, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
+    # the server answered the dry run so: no run store was made (a resubmit is clean)
+    assert "(a dry run)" in r.stderr and not (work / "runs" / "err").exists()
+
+
+def test_a_job_the_api_server_refuses_leaves_nothing_behind(work: Path, kube: FakeKube) -> None:
+    """Admission (a policy webhook, a quota) refuses what no local check can know: the
+    server-side dry run asks before the store, the key Secret or the Job is written."""
+    denied = (
+        'admission webhook "gpu-policy.example.com" denied the request: '
+        "GPU Jobs need the label team"
+    )
+    kube.fault("POST", "/jobs", 422, times=1, message=denied, reason="Invalid")
+    posts = len(kube.state()["requests"])
+    rd = work / "runs" / "refused"
+    r = cli(*submit_args(f"file://{rd}"), cwd=work, env=kube.env)
+    assert r.returncode == 3, r.stderr
+    assert denied in r.stderr and "the API server refused the manifest" in r.stderr, r.stderr
+    assert not rd.exists()
+    new = [q for q in kube.state()["requests"][posts:] if q.startswith("POST")]
+    assert len(new) == 1 and "dryRun=All" in new[0], new  # no Secret, no Job
+    # accepted: the dry run of the Job as it will be, then the Job itself
+    seen = len(kube.state()["dry_runs"])
+    r = cli(*submit_args(f"file://{rd}"), cwd=work, env=kube.env)
+    assert r.returncode == 0, r.stderr
+    (checked,) = kube.state()["dry_runs"][seen:]
+    run_id = RunStore(f"file://{rd}").require_run()["spec"]["run_id"]
+    assert checked.startswith("jobs/default/sb-") and checked != f"jobs/default/sb-{run_id}"
+    assert f"jobs/default/sb-{run_id}" in kube.state()["objects"]
 
 
 def test_a_queued_run_says_kueue_holds_it(work: Path, kube: FakeKube) -> None:

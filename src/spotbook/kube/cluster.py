@@ -135,12 +135,17 @@ class Cluster:
         return ClusterError(f"{what}: {message} (HTTP {code}); {hint}")
 
     # -- Jobs ------------------------------------------------------------------
-    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def create_job(self, manifest: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Create the Job; ``dry_run``: only ask the API server whether it would (its
+        own validation and admission, ``dryRun=All``), creating nothing."""
         from lightkube import codecs
 
         obj = codecs.from_dict(manifest)
         name = manifest["metadata"]["name"]
-        created = self._call(f"create Job {name}", lambda: self.client.create(obj), retry=False)
+        what = (
+            f"check Job {name} with the API server (a dry run)" if dry_run else f"create Job {name}"
+        )
+        created = self._call(what, lambda: self.client.create(obj, dry_run=dry_run), retry=False)
         out: dict[str, Any] = created.to_dict()
         return out
 

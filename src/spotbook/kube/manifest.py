@@ -207,7 +207,9 @@ class JobOptions:
             if secs is not None and not 0 <= secs <= _INT32:
                 raise UsageError(f"{flag}: {secs} s is out of Kubernetes' range (0 to 68 years)")
         if not 0 <= self.backoff_limit <= _INT32:
-            raise UsageError(f"--backoff-limit {self.backoff_limit} is out of range (0 to 2147483647)")
+            raise UsageError(
+                f"--backoff-limit {self.backoff_limit} is out of range (0 to 2147483647)"
+            )
         if not _DNS_LABEL.match(self.namespace):
             raise UsageError(f"--namespace {self.namespace!r} is not a valid namespace name")
         for name in (*self.env_from_secrets, *(s for _, s, _ in self.secret_env)):

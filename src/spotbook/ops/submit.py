@@ -97,8 +97,9 @@ def for_cluster(
     cluster: Cluster, job: JobOptions, limits: Limits, notebook: Any
 ) -> tuple[JobOptions, Key]:
     """The Job's options for this cluster (its namespace, the run's grace, the source),
-    checked before anything is written; and the run key from the cluster's Secret, which
-    the pod checks the store with, so the run is sealed with it."""
+    checked before anything is written (by the API server too, in a dry run); and the
+    run key from the cluster's Secret, which the pod checks the store with, so the run
+    is sealed with it."""
     from ..store.integrity import load_key
 
     job = dataclasses.replace(
@@ -110,6 +111,12 @@ def for_cluster(
         key_secret=job.key_secret or DEFAULT_KEY_SECRET,
     )
     assert job.key_secret is not None
+    # the API server's own validation and admission (quotas, policies, webhooks) on the
+    # Job as it will be, under a provisional name: nothing is written, here or there,
+    # for a Job the server would refuse
+    from ..store.runstore import new_run_id
+
+    cluster.create_job(build_job(dataclasses.replace(job, run_id=new_run_id())), dry_run=True)
     return job, cluster.run_key(job.key_secret, load_key())
 
 
