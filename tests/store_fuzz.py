@@ -172,9 +172,30 @@ def objects(template: Path) -> list[Path]:
 
 
 def main() -> None:
+    """``TEMPLATE WORK SEED [COMMAND...]``: every mutation of every object, each read by
+    every command, or by the commands named (``resume`` alone, for a template whose
+    resume runs cells)."""
     template, work, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    only = set(sys.argv[4:])
     signal.signal(signal.SIGALRM, _ring)
     rng = random.Random(seed)
+    for n, (rel, name, mutate) in enumerate(_cases(template), 1):
+        case = work / f"case{n}"
+        rd = case / "rd"
+        shutil.copytree(template, rd, symlinks=True)
+        os.chmod(case, 0o700)
+        mutate(rd / rel, rng)
+        for argv in commands(rd, case):
+            if only and argv[0] not in only:
+                continue
+            row = run_command(argv)
+            print(json.dumps({"object": str(rel), "mutation": name, "argv": argv[0:1], **row}))
+            sys.stdout.flush()
+        shutil.rmtree(case, ignore_errors=True)
+
+
+def _cases(template: Path) -> Any:
+    """(object, mutation name, mutation) of every case, the control first."""
     n = 0
     for rel in objects(template):
         is_json = rel.suffix in (".json", ".jsonl")
@@ -186,16 +207,7 @@ def main() -> None:
             cases += [(f"field {key}", _field_named(key)) for key in keys]
         for name, mutate in cases:
             n += 1
-            case = work / f"case{n}"
-            rd = case / "rd"
-            shutil.copytree(template, rd, symlinks=True)
-            os.chmod(case, 0o700)
-            mutate(rd / rel, rng)
-            for argv in commands(rd, case):
-                row = run_command(argv)
-                print(json.dumps({"object": str(rel), "mutation": name, "argv": argv[0:1], **row}))
-                sys.stdout.flush()
-            shutil.rmtree(case, ignore_errors=True)
+            yield rel, name, mutate
 
 
 if __name__ == "__main__":

@@ -25,13 +25,14 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261202"))
 
 
-def _template(work: Path) -> Path:
-    """A run killed after two cells' snapshots, then resumed to the end."""
+def _template(work: Path, *, finished: bool = True) -> Path:
+    """A run killed after two cells' snapshots, then resumed to the end (``finished``),
+    or left killed: its resume restores the state and runs the last two cells."""
     gate = work / "gate"
     write_notebook(
         work / "nb.ipynb",
         "import numpy as np\nx = np.arange(1000.0)",
-        "y = x * 2\nopen('made.txt', 'w').write('made')",
+        "y = x * 2" + ("\nopen('made.txt', 'w').write('made')" if finished else ""),
         f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
         "print(float(y.sum()))",
     )
@@ -41,24 +42,42 @@ def _template(work: Path) -> Path:
     wait_for(lambda: cells_committed(work / "rd") >= 2, timeout=120, what="2 cells", proc=proc)
     kill(proc)
     gate.touch()
-    r = cli("resume", "rd", cwd=work)
-    assert r.returncode == 0, r.stderr
+    if finished:
+        r = cli("resume", "rd", cwd=work)
+        assert r.returncode == 0, r.stderr
     return work / "rd"
 
 
-def test_no_store_content_crashes_or_hangs_a_command(tmp_path: Path) -> None:
-    template = _template(tmp_path)
-    cases = tmp_path / "cases"
+def _fuzz(template: Path, work: Path, *only: str) -> list[dict]:
+    cases = work / "cases"
     cases.mkdir()
     r = subprocess.run(
-        [sys.executable, "-m", "tests.store_fuzz", str(template), str(cases), str(SEED)],
+        [sys.executable, "-m", "tests.store_fuzz", str(template), str(cases), str(SEED), *only],
         cwd=Path(__file__).parent.parent,
         capture_output=True,
         text=True,
         timeout=1800,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def test_an_unfinished_runs_store_never_crashes_or_hangs_its_resume(tmp_path: Path) -> None:
+    """Where resume has work to do, it reads the records, snapshot manifests and blobs it
+    restores from: every mutant, resumed (an accepted one runs the last cells in a kernel;
+    the other commands read it as they read a finished one's, above)."""
+    rows = _fuzz(_template(tmp_path, finished=False), tmp_path, "resume")
+    resumed = [row for row in rows if row["argv"] == ["resume"]]
+    assert len(resumed) == len(rows) >= 80 and resumed[0]["mutation"] == "none", resumed[:1]
+    assert resumed[0]["code"] == 0, resumed[0]  # the control resumes to the end
+    bad = [row for row in rows if row["hung"] or row["traceback"] or row["code"] not in (0, 2)]
+    assert not bad, json.dumps(bad[:5], indent=1)
+    refused = {row["object"] for row in resumed if row["code"] == 2}
+    assert "run.json" in refused and any(o.startswith("state/") for o in refused), refused
+
+
+def test_no_store_content_crashes_or_hangs_a_command(tmp_path: Path) -> None:
+    rows = _fuzz(_template(tmp_path), tmp_path)
     objects = {row["object"] for row in rows}
     assert {"run.json", "attempts/0002.json", "cells/a0001.jsonl", "input.ipynb"} <= objects
     assert any(o.startswith("state/blobs/") for o in objects)

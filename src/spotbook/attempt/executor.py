@@ -47,6 +47,14 @@ class KernelDied(Exception):
     """Internal: the kernel process is gone."""
 
 
+class KernelError(RuntimeError):
+    """Code spotbook ran in the kernel raised; ``ename`` is the kernel's exception class."""
+
+    def __init__(self, ename: object, evalue: object) -> None:
+        super().__init__(f"{ename}: {evalue}")
+        self.ename, self.evalue = str(ename), str(evalue)
+
+
 @dataclass
 class CellResult:
     """What one cell produced."""
@@ -496,7 +504,7 @@ class KernelSession:
         """Evaluate a Python expression silently in the kernel; return its value.
 
         The value must be a literal (str, number, ...): it comes back as its repr.
-        Raises RuntimeError with the kernel's error if evaluation failed.
+        Raises KernelError (a RuntimeError) with the kernel's error if evaluation failed.
         """
         kc = self._kc
         msg_id = kc.execute(
@@ -505,7 +513,7 @@ class KernelSession:
         reply = await self._reply(msg_id, timeout)
         result = reply["content"].get("user_expressions", {}).get("r", {})
         if result.get("status") != "ok":
-            raise RuntimeError(f"{result.get('ename')}: {result.get('evalue')}")
+            raise KernelError(result.get("ename"), result.get("evalue"))
         return ast.literal_eval(result["data"]["text/plain"])
 
     async def call(self, code: str, result: str, timeout: float | None = None) -> Any:
@@ -513,17 +521,17 @@ class KernelSession:
         imports see the kernel as a cell's imports do), then evaluate ``result``.
 
         Nothing reaches the notebook: no history, no execution count, no output.
-        Raises RuntimeError with the kernel's error if either failed.
+        Raises KernelError (a RuntimeError) with the kernel's error if either failed.
         """
         kc = self._kc
         msg_id = kc.execute(code, silent=True, store_history=False, user_expressions={"r": result})
         reply = await self._reply(msg_id, timeout)
         content = reply["content"]
         if content.get("status") != "ok":
-            raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+            raise KernelError(content.get("ename"), content.get("evalue"))
         value = content.get("user_expressions", {}).get("r", {})
         if value.get("status") != "ok":
-            raise RuntimeError(f"{value.get('ename')}: {value.get('evalue')}")
+            raise KernelError(value.get("ename"), value.get("evalue"))
         return ast.literal_eval(value["data"]["text/plain"])
 
     def kill_now(self) -> None:

@@ -13,12 +13,13 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ResumeRefusedError
+from .._errors import ResumeRefusedError, SnapshotIntegrityError
 from ..notebook import document as nbs
 from .env_cells import env_cells
-from .executor import KernelDied, python_transform
+from .executor import KernelDied, KernelError, python_transform
 from .fidelity import FidelityReport
 from .replay import NO_REPLAY_TAG, ResumePlan, plan_resume
 from .snapshots import KERNEL_MODULE, CannotRebuild, Snapshots
@@ -27,6 +28,26 @@ if TYPE_CHECKING:
     from .context import Attempt
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _blob_errors(doc: dict[str, Any]) -> Iterator[None]:
+    """A snapshot's blob the kernel read that fails its hash is a changed store (exit 2,
+    as the loader says it); one that is missing leaves the state unrebuildable (the
+    fallback). Anything else the kernel raised is spotbook's own bug."""
+    try:
+        yield
+    except KernelError as exc:
+        if exc.ename == "IntegrityError":
+            raise SnapshotIntegrityError(
+                f"snapshot {doc['name']} was refused by the kernel: {exc.evalue}; the store "
+                "was modified by someone without this run's key"
+            ) from None
+        if exc.ename in ("FileNotFoundError", "IsADirectoryError", "NotADirectoryError"):
+            raise CannotRebuild(
+                f"a blob of snapshot {doc['name']} cannot be read ({exc.evalue})"
+            ) from None
+        raise
 
 
 class _ReplayFailed(CannotRebuild):
@@ -81,10 +102,12 @@ class Restorer:
                         f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
                     )
                 )
-                await self._environment(doc, report)
-                await snaps.kernel_call(
-                    f"{KERNEL_MODULE}.reimport({snaps.blob_dir()!r}, {doc['imports']!r})", start
-                )
+                with _blob_errors(doc):  # the imports' blob, read in the kernel
+                    await self._environment(doc, report)
+                    await snaps.kernel_call(
+                        f"{KERNEL_MODULE}.reimport({snaps.blob_dir()!r}, {doc['imports']!r})",
+                        start,
+                    )
                 loaded = await snaps.load(doc, start)
                 failed = loaded["failed"]
                 kinds = {n: str(v.get("type", "")) for n, v in doc["vars"].items()}

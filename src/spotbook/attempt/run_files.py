@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kernel.pickling import Blobs, IntegrityError, digest_of
+from ..kernel.pickling import Blobs, IntegrityError, digest_of, open_plain
 from ..store.integrity import make_private_dirs
 
 log = logging.getLogger(__name__)
@@ -326,11 +326,14 @@ class RunFiles:
 def _put(blobs: Blobs, path: str) -> dict[str, Any]:
     """One file into the blob directory, read through a descriptor opened without
     following a link; its entry."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    # O_NONBLOCK: a FIFO put here since the folder was listed is refused, not waited on
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(0, "not a regular file")
+        os.set_blocking(fd, True)
         if st.st_size == 0:
             digest = blobs.put(b"")
         else:
@@ -366,7 +369,7 @@ def _digest_of_fd(fd: int) -> str:
 
 def verify(path: str, digest: str) -> None:
     """Raise unless the file at ``path`` hashes to ``digest``."""
-    with open(path, "rb") as fh:
+    with open_plain(path) as fh:
         found = _digest_of_fd(fh.fileno())
     if found != digest:
         raise FilesIntegrityError(f"the blob of {path} does not match its hash")
@@ -469,7 +472,7 @@ def copy_blob(blob_dir: str) -> Callable[[str, str], None]:
     process)."""
 
     def fetch(digest: str, path: str) -> None:
-        with open(os.path.join(blob_dir, digest), "rb") as src:
+        with open_plain(os.path.join(blob_dir, digest)) as src:
             size = os.fstat(src.fileno()).st_size
             if _digest_of_fd(src.fileno()) != digest:
                 raise FilesIntegrityError(f"the blob of {path} does not match its hash")

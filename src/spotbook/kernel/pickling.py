@@ -34,6 +34,7 @@ import pickle
 import pickletools
 import random
 import sqlite3
+import stat
 import sys
 import threading
 import types
@@ -502,7 +503,7 @@ class Blobs:
         they are written to (copy on write), and the file is never changed through it.
         Blob files are only ever replaced whole (written aside, then renamed), so a
         mapping never sees one change or shrink."""
-        with open(self.path(digest), "rb") as fh:
+        with open_plain(self.path(digest)) as fh:
             size = os.fstat(fh.fileno()).st_size
             data: bytearray | mmap.mmap
             if size >= MAP_AT and hasattr(mmap, "MAP_PRIVATE"):
@@ -552,6 +553,21 @@ def _private_dirs(path: str) -> None:
 
 class IntegrityError(Exception):
     """A blob's bytes do not match the hash the (verified) manifest gives."""
+
+
+def open_plain(path: str) -> io.BufferedReader:
+    """``path`` opened to read, which must be a plain file: a link there is refused
+    (OSError) and a FIFO, device or directory is IntegrityError — never waited on."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IntegrityError(f"{os.path.basename(path)[:12]}… is not a plain file")
+        os.set_blocking(fd, True)
+        return open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class _BlobUnwritable(Exception):
