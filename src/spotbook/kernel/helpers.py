@@ -46,6 +46,13 @@ def checkpoint_dir() -> str:
 # the output type of a recorded result, in the cell's outputs (as scrapbook's glue
 # keeps a scrap): committed with the cell, in the output notebook, read by `sweep results`
 RECORD_MIME = "application/vnd.spotbook.record+json"
+# scrapbook's output type of a JSON scrap (its schema, version 1): a record carries one
+# too, so `scrapbook.read_notebook(OUTPUT).scraps` finds what spotbook.record kept; and
+# `sweep results` gathers scrapbook's glue of JSON values and text (and papermill's
+# older record) as records; scraps of other encoders (pandas, arrow) hold no plain value
+SCRAP_PREFIX = "application/scrapbook.scrap."
+SCRAP_JSON_MIME = SCRAP_PREFIX + "json+json"
+PAPERMILL_RECORD_MIME = "application/papermill.record+json"
 
 
 def record(name: str, value: Any) -> None:
@@ -72,7 +79,31 @@ def record(name: str, value: Any) -> None:
     publish = getattr(display, "publish_display_data", None)
     if publish is None:
         return
-    publish(
-        data={RECORD_MIME: {"name": name, "value": json.loads(text)}},
-        metadata={RECORD_MIME: {"name": name}},
-    )
+    value = json.loads(text)
+    data: dict[str, Any] = {RECORD_MIME: {"name": name, "value": value}}
+    metadata: dict[str, Any] = {RECORD_MIME: {"name": name}}
+    if value is not None:  # a scrap's data may not be null (scrapbook's schema)
+        data[SCRAP_JSON_MIME] = {"name": name, "data": value, "encoder": "json", "version": 1}
+        metadata["scrapbook"] = {"name": name, "data": True, "display": False}
+    publish(data=data, metadata=metadata)
+
+
+def recorded(output: Any) -> tuple[str, Any] | None:
+    """(name, value) of a record in one cell output: spotbook's, a JSON scrap of
+    scrapbook's glue, or papermill's older ``pm.record``; None for any other output."""
+    data = output.get("data") if isinstance(output, dict) else None
+    if not isinstance(data, dict):
+        return None
+    ours = data.get(RECORD_MIME)
+    if isinstance(ours, dict) and isinstance(ours.get("name"), str):
+        return ours["name"], ours.get("value")
+    for kind in ("json", "text"):  # the encoders whose data is the value itself
+        scrap = data.get(f"{SCRAP_PREFIX}{kind}+json")
+        if isinstance(scrap, dict) and isinstance(scrap.get("name"), str) and "data" in scrap:
+            return scrap["name"], scrap["data"]
+    old = data.get(PAPERMILL_RECORD_MIME)
+    if isinstance(old, dict) and len(old) == 1:
+        ((name, value),) = old.items()
+        if isinstance(name, str):
+            return name, value
+    return None

@@ -38,7 +38,7 @@ from .._models import (
     SnapshotPolicy,
 )
 from .._status import describe
-from ..kernel.helpers import RECORD_MIME
+from ..kernel.helpers import recorded
 from ..kube.manifest import JobOptions
 from ..notebook.grid import varying
 from ..store.integrity import Key
@@ -232,7 +232,8 @@ def open_sweep(url: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def point_results(store: RunStore) -> dict[str, Any]:
-    """What the point's cells recorded with ``spotbook.record``, last value per name: only
+    """What the point's cells recorded with ``spotbook.record`` (or scrapbook's ``glue``
+    of JSON values, or papermill's ``record``), last value per name: only
     what the run's seal vouches for (StoreIntegrityError names a record that fails its
     check, as a resume of the point would)."""
     out: dict[str, Any] = {}
@@ -240,9 +241,9 @@ def point_results(store: RunStore) -> dict[str, Any]:
     records = store.cell_records()
     for index in sorted(records):
         for o in records[index].get("outputs") or []:
-            found = (o.get("data") or {}).get(RECORD_MIME)
-            if isinstance(found, dict) and isinstance(found.get("name"), str):
-                out[found["name"]] = found.get("value")
+            found = recorded(o)
+            if found is not None:
+                out[found[0]] = found[1]
     return out
 
 
