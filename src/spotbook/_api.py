@@ -390,6 +390,7 @@ def _run_sync(runner: Runner) -> RunResult:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             return pool.submit(runner.run).result()
     except CellExecutionError as exc:
+        exc.run_dir = runner.store.url  # where the run, and its output, are kept
         # papermill's users catch PapermillExecutionError: raise one where they can
         raise papermill_compatible(exc) from exc.__cause__
 

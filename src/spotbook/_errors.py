@@ -126,6 +126,8 @@ class CellExecutionError(CellError):
     ) -> None:
         self.ename = ename
         self.evalue = evalue
+        #: the run store of the run (set where the Python API raises it)
+        self.run_dir: str | None = None
         self.exec_count = execution_count
         self.source = source
         self.traceback = list(traceback or [])

@@ -263,7 +263,7 @@ def assemble(
     for index, cell in enumerate(out.cells):
         state = _state(nb, index, records, running, frontier)
         _apply(cell, records.get(index), state, live=live if state == "running" else None)
-    out.metadata.update(_run_metadata(records, run_meta, failed))
+    out.metadata.update(_run_metadata(records, run_meta, failed, nb.metadata.get("papermill")))
     if failed is not None:
         index, rec = failed
         out.cells.insert(index, _marker(out, _anchor_text()))
@@ -318,7 +318,7 @@ class CompactWriter:
                 kept = self._cells[index] = (rec, state, _compact(view))
             parts.append(kept[2])
         meta = nbformat.NotebookNode(nb.metadata)
-        meta.update(_run_metadata(records, run_meta, None))
+        meta.update(_run_metadata(records, run_meta, None, nb.metadata.get("papermill")))
         if widgets:
             meta["widgets"] = dict(widgets)
         rest = _compact({**others, "metadata": meta})
@@ -399,23 +399,35 @@ def _run_metadata(
     records: Mapping[int, Mapping[str, Any]],
     run_meta: Mapping[str, Any],
     failed: tuple[int, Mapping[str, Any]] | None,
+    given: Any = None,
 ) -> dict[str, Any]:
-    """The notebook's ``metadata.spotbook`` and papermill's ``metadata.papermill``."""
+    """The notebook's ``metadata.spotbook`` and papermill's ``metadata.papermill``; what
+    spotbook does not know itself is kept from ``given``, the input's ``metadata.papermill``
+    (papermill's, where papermill parameterised the notebook and runs spotbook as its
+    engine)."""
     starts = [r["start"] for r in records.values() if r.get("start") is not None]
     ends = [r["end"] for r in records.values() if r.get("end") is not None]
     begun, ended = (min(starts) if starts else None), (max(ends) if ends else None)
     done = bool(run_meta.get("final"))
+    given = given if isinstance(given, Mapping) else {}
+
+    def known(key: str, empty: Any) -> Any:
+        ours = run_meta.get(key)
+        if ours and not (isinstance(ours, str) and ours.startswith("<")):  # <NotebookNode>
+            return ours
+        return given.get(key, ours if ours is not None else empty)
+
     return {
         "spotbook": dict(run_meta),
         "papermill": {
-            "default_parameters": {},
+            "default_parameters": dict(given.get("default_parameters") or {}),
             "duration": round(ended - begun, 6) if done and begun and ended else None,
             "end_time": _iso(ended) if done else None,
-            "environment_variables": {},
+            "environment_variables": dict(given.get("environment_variables") or {}),
             "exception": failed is not None,
-            "input_path": run_meta.get("input_path"),
-            "output_path": run_meta.get("output_path"),
-            "parameters": dict(run_meta.get("parameters") or {}),
+            "input_path": known("input_path", None),
+            "output_path": known("output_path", None),
+            "parameters": dict(known("parameters", {}) or {}),
             "start_time": _iso(begun),
             "version": run_meta.get("version"),
         },

@@ -1,0 +1,198 @@
+"""jupyter-scheduler with spotbook's backend, through its REST API on a real Jupyter
+server on loopback: create a job, watch it run, kill its runner, see it resume (cell 0
+not run again, its random draw kept), download its outputs; a stopped job stays stopped.
+
+Not on a wiped node: the job's run store is in the scheduler's staging area, on the
+Jupyter server's own disk; a job whose server's disk is gone is gone from the
+scheduler's database too (a submitted run, which outlives nodes, is test_cluster's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import cells_committed, wait_for, write_notebook
+from .servers import _wait_port, free_port
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("jupyter_scheduler", reason="scripts/check.sh installs jupyter-scheduler")
+
+TOKEN = "spotbook-test-token-0123456789abcdef"
+
+
+class Server:
+    def __init__(self, root: Path, state: Path) -> None:
+        self.root, self.state = root, state
+        self.port = free_port()
+        env = {
+            **os.environ,
+            "JUPYTER_DATA_DIR": str(state / "data"),
+            "JUPYTER_RUNTIME_DIR": str(state / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(state / "config"),
+        }
+        cmd = [
+            sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1",
+            "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}",
+            f"--IdentityProvider.token={TOKEN}",
+            "--ServerApp.jpserver_extensions={'jupyter_scheduler': True}",
+            "--SchedulerApp.scheduler_class="
+            "spotbook.integrations.jupyter_scheduler.SpotbookScheduler",
+            f"--SchedulerApp.db_url=sqlite:///{state}/scheduler.sqlite",
+            "--SchedulerApp.environment_manager_class="
+            "jupyter_scheduler.environments.StaticEnvironmentManager",
+            f"--Scheduler.staging_path={state / 'staging'}",
+        ]  # fmt: skip
+        # started in its root, as `jupyter lab` is: the scheduler downloads a job's
+        # files to a path relative to the server's working directory
+        with open(state / "server.log", "wb") as fh:
+            self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=fh)
+        _wait_port(self.port, self.proc, "jupyter server")
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {TOKEN}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            text = r.read()
+        return json.loads(text) if text else None
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self.call("GET", f"scheduler/jobs/{job_id}")
+        return doc
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    root, state = tmp_path / "root", tmp_path / "state"
+    root.mkdir()
+    state.mkdir()
+    s = Server(root, state)
+    try:
+        wait_for(lambda: _answers(s), 60, "the scheduler's API")
+        yield s
+    finally:
+        s.stop()
+
+
+def _answers(s: Server) -> bool:
+    try:
+        s.call("GET", "scheduler/jobs")
+        return True
+    except OSError:
+        return False
+
+
+def test_a_job_killed_part_way_resumes_and_its_outputs_download(
+    server: Server, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    log, gate = outside / "log", outside / "gate"
+    write_notebook(
+        server.root / "gated.ipynb",
+        "lr = 0.1",
+        "import random\ntoken = random.random()\n"
+        f"open({str(log)!r}, 'a').write(f'cell0 {{token}}\\n')",
+        "import os, time\nopen('started', 'w').close()\n"
+        f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
+        "print('token', token, 'lr', lr)",
+    )
+    nb = json.loads((server.root / "gated.ipynb").read_text())
+    nb["cells"][0]["metadata"]["tags"] = ["parameters"]
+    (server.root / "gated.ipynb").write_text(json.dumps(nb))
+    created = server.call(
+        "POST",
+        "scheduler/jobs",
+        {
+            "input_uri": "gated.ipynb",
+            "name": "gated",
+            "runtime_environment_name": "python3",
+            "output_formats": ["ipynb", "html"],
+            "parameters": {"lr": "0.5"},
+        },
+    )
+    job_id = created["job_id"]
+    staging = server.state / "staging" / job_id
+    store = server.state / "staging" / ".spotbook-runs" / job_id
+    wait_for(lambda: (staging / "started").exists(), 120, "cell 2 to start")
+    wait_for(lambda: cells_committed(store) >= 2, 60, "cells 0 and 1's records")
+    assert server.job(job_id)["status"] == "IN_PROGRESS"
+    # the runner, killed as a crash or the OOM killer would (its pid is in its attempt)
+    runner = json.loads((store / "attempts" / "0001.json").read_text())["pid"]
+    os.kill(runner, signal.SIGKILL)
+    wait_for(lambda: not _running(runner), 60, "the runner to die")
+    gate.touch()
+    # asking the scheduler about the job finds its runner gone and starts it again
+    done = wait_for(
+        lambda: (j := server.job(job_id))["status"] in ("COMPLETED", "FAILED") and j,
+        180,
+        "the job to finish",
+    )
+    assert done["status"] == "COMPLETED", done
+    drawn = log.read_text().split()
+    assert drawn[0] == "cell0" and len(drawn) == 2, drawn  # cell 0 ran once
+    attempts = sorted(p.name for p in (store / "attempts").iterdir())
+    assert attempts == ["0001.json", "0002.json"]
+    # the outputs, through the scheduler's own download
+    server.call("GET", f"scheduler/jobs/{job_id}/download_files")  # copies, in a process
+
+    def downloaded() -> dict[str, str] | None:
+        found = {f["file_format"]: f["file_path"] for f in server.job(job_id)["job_files"]}
+        return found if all(found.values()) else None
+
+    files = wait_for(downloaded, 60, "the job's files to download")
+    assert {"input", "ipynb", "html"} <= set(files), files
+    out = json.loads((server.root / files["ipynb"]).read_text())
+    printed = [c for c in out["cells"] if "print('token'" in "".join(c["source"])]
+    assert "".join(printed[0]["outputs"][0]["text"]) == f"token {drawn[1]} lr 0.5\n"
+    assert f"token {drawn[1]}" in (server.root / files["html"]).read_text()
+
+
+def test_a_stopped_job_stays_stopped(server: Server, tmp_path: Path) -> None:
+    write_notebook(
+        server.root / "forever.ipynb",
+        "import time\nopen('started', 'w').close()\nwhile True:\n    time.sleep(0.05)",
+    )
+    job_id = server.call(
+        "POST",
+        "scheduler/jobs",
+        {"input_uri": "forever.ipynb", "name": "f", "runtime_environment_name": "python3",
+         "output_formats": ["ipynb"]},
+    )["job_id"]  # fmt: skip
+    staging = server.state / "staging" / job_id
+    wait_for(lambda: (staging / "started").exists(), 120, "the cell to start")
+    server.call("PATCH", f"scheduler/jobs/{job_id}", {"status": "STOPPED"})
+    wait_for(lambda: server.job(job_id)["status"] == "STOPPED", 60, "the job to stop")
+    jobs = server.call("GET", "scheduler/jobs")["jobs"]  # a listing resumes nothing stopped
+    assert [j["status"] for j in jobs if j["job_id"] == job_id] == ["STOPPED"]
+    store = server.state / "staging" / ".spotbook-runs" / job_id
+    assert sorted(p.name for p in (store / "attempts").iterdir()) == ["0001.json"]
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
