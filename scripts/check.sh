@@ -12,6 +12,13 @@ if ! python -c "import torch" 2>/dev/null; then
     echo "note: no local torch wheel; the object-class table runs without torch"
   fi
 fi
+# Airflow, in a venv of its own (its pins are not the suite's), with spotbook installed
+# in it: Airflow's PapermillOperator drives spotbook's papermill engine (tests/test_airflow.py)
+if [ ! -x .cache/airflow-venv/bin/airflow ]; then
+  python -m venv .cache/airflow-venv
+  .cache/airflow-venv/bin/python -m pip install -q "apache-airflow==3.3.2" \
+    "apache-airflow-providers-papermill==3.13.3" -e ".[papermill]" 2>&1 | quiet
+fi
 # Azurite (Azure's blob storage emulator, from npm) for the az:// tests
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ]; then
   if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

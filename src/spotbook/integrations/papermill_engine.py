@@ -14,6 +14,10 @@ line, from the environment: ``run_dir`` (``SPOTBOOK_ENGINE_RUN_DIR``: the run st
 fsspec URL; default one per run in the user's cache), ``snapshot``
 (``SPOTBOOK_ENGINE_SNAPSHOT``: auto, every-cell, off), ``restart`` and ``strict_resume``.
 
+For tools that call papermill without naming an engine (Airflow's ``PapermillOperator``),
+``SPOTBOOK_ENGINE_DEFAULT=1`` in their environment makes spotbook's engine papermill's
+default as well (opt-in: nothing changes without it).
+
 Loaded by papermill while papermill itself is being imported: this module imports
 neither papermill nor the rest of spotbook until a notebook runs.
 """
@@ -21,10 +25,12 @@ neither papermill nor the rest of spotbook until a notebook runs.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 ENV_RUN_DIR = "SPOTBOOK_ENGINE_RUN_DIR"
 ENV_SNAPSHOT = "SPOTBOOK_ENGINE_SNAPSHOT"
+ENV_DEFAULT = "SPOTBOOK_ENGINE_DEFAULT"
 
 
 class SpotbookEngine:
@@ -105,3 +111,17 @@ class SpotbookEngine:
         from papermill.utils import nb_language
 
         return str(nb_language(nb, language))
+
+
+def _take_papermills_default() -> None:
+    """With SPOTBOOK_ENGINE_DEFAULT=1, register this engine under papermill's default name
+    too: papermill loads this module while it builds its registry, after it registered
+    its own default, so this registration is the one that stays."""
+    if os.environ.get(ENV_DEFAULT, "").lower() not in ("1", "true", "yes"):
+        return
+    engines = getattr(sys.modules.get("papermill.engines"), "papermill_engines", None)
+    if engines is not None:
+        engines.register(None, SpotbookEngine)
+
+
+_take_papermills_default()
