@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -360,3 +361,31 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKube]:
         yield fake
     finally:
         fake.stop()
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright (never a browser of its own)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no chromium: scripts/check.sh installs Debian's where it runs as root")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            yield b
+        finally:
+            b.close()

@@ -1,6 +1,7 @@
 """jupyter-scheduler with spotbook's backend, through its REST API on a real Jupyter
 server on loopback: create a job, watch it run, kill its runner, see it resume (cell 0
-not run again, its random draw kept), download its outputs; a stopped job stays stopped.
+not run again, its random draw kept), download its outputs; a stopped job stays stopped;
+and JupyterLab's "Notebook Jobs" page in Chromium listing a job spotbook ran.
 
 Not on a wiped node: the job's run store is in the scheduler's staging area, on the
 Jupyter server's own disk; a job whose server's disk is gone is gone from the
@@ -43,7 +44,8 @@ class Server:
             sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1",
             "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}",
             f"--IdentityProvider.token={TOKEN}",
-            "--ServerApp.jpserver_extensions={'jupyter_scheduler': True}",
+            "--ServerApp.jpserver_extensions={'jupyter_scheduler': True, 'jupyterlab': True}",
+            "--LabApp.expose_app_in_browser=True",  # the page's app, for the browser test
             "--SchedulerApp.scheduler_class="
             "spotbook.integrations.jupyter_scheduler.SpotbookScheduler",
             f"--SchedulerApp.db_url=sqlite:///{state}/scheduler.sqlite",
@@ -196,3 +198,27 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_jupyterlabs_job_list_shows_the_job(server: Server, browser: Any, tmp_path: Path) -> None:
+    write_notebook(server.root / "quick.ipynb", "x = 1", "print(x + 1)")
+    job_id = server.call(
+        "POST",
+        "scheduler/jobs",
+        {"input_uri": "quick.ipynb", "name": "spotbook-quick", "output_formats": ["ipynb"],
+         "runtime_environment_name": "python3"},
+    )["job_id"]  # fmt: skip
+    wait_for(lambda: server.job(job_id)["status"] == "COMPLETED", 120, "the job to finish")
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page.goto(f"http://127.0.0.1:{server.port}/lab?token={TOKEN}")
+    page.wait_for_function(
+        "window.jupyterapp && window.jupyterapp.commands.hasCommand("
+        "'scheduling:list-jobs-from-launcher')",
+        timeout=120_000,
+    )
+    page.evaluate("window.jupyterapp.commands.execute('scheduling:list-jobs-from-launcher')")
+    row = page.locator("tr", has_text="spotbook-quick")
+    row.wait_for(timeout=60_000)
+    assert "Completed" in row.inner_text()
+    page.screenshot(path=str(tmp_path / "jobs.png"))
+    assert (tmp_path / "jobs.png").stat().st_size > 10_000

@@ -6,9 +6,7 @@ running run."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -20,8 +18,6 @@ from typing import Any
 import pytest
 
 from .conftest import Place, cells_committed, cli, kill, on, start_cli, wait_for, write_notebook
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 def _gate(path: Path) -> str:
@@ -237,30 +233,6 @@ def test_the_token_is_long_and_never_in_the_request_log(stores: Path) -> None:
         _, err = proc.communicate(timeout=30)
     assert "GET /?token=(hidden)" in err, err
     assert TOKEN not in err, err
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("no chromium: scripts/check.sh installs Debian's where it runs as root")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture
