@@ -9,6 +9,7 @@ scheduler's database too (a submitted run, which outlives nodes, is test_cluster
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from spotbook.store.runstore import RunStore
+
 from .conftest import cells_committed, wait_for, write_notebook
 from .servers import _wait_port, free_port
 
@@ -31,15 +34,26 @@ TOKEN = "spotbook-test-token-0123456789abcdef"
 
 
 class Server:
-    def __init__(self, root: Path, state: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        state: Path,
+        env: dict[str, str] | None = None,
+        compute: dict[str, Any] | None = None,
+    ) -> None:
         self.root, self.state = root, state
         self.port = free_port()
         env = {
             **os.environ,
+            **(env or {}),
             "JUPYTER_DATA_DIR": str(state / "data"),
             "JUPYTER_RUNTIME_DIR": str(state / "runtime"),
             "JUPYTER_CONFIG_DIR": str(state / "config"),
         }
+        (state / "config").mkdir(parents=True, exist_ok=True)
+        (state / "config" / "jupyter_server_config.py").write_text(
+            f"c.SpotbookScheduler.compute = {compute or {}!r}\n"
+        )
         cmd = [
             sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ip=127.0.0.1",
             "--no-browser", "--allow-root", f"--ServerApp.root_dir={root}",
@@ -50,7 +64,7 @@ class Server:
             "spotbook.integrations.jupyter_scheduler.SpotbookScheduler",
             f"--SchedulerApp.db_url=sqlite:///{state}/scheduler.sqlite",
             "--SchedulerApp.environment_manager_class="
-            "jupyter_scheduler.environments.StaticEnvironmentManager",
+            "spotbook.integrations.jupyter_scheduler.SpotbookEnvironmentManager",
             f"--Scheduler.staging_path={state / 'staging'}",
         ]  # fmt: skip
         # started in its root, as `jupyter lab` is: the scheduler downloads a job's
@@ -83,17 +97,23 @@ class Server:
             self.proc.wait()
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
+@contextlib.contextmanager
+def serving(tmp_path: Path, **kw: Any) -> Iterator[Server]:
     root, state = tmp_path / "root", tmp_path / "state"
     root.mkdir()
     state.mkdir()
-    s = Server(root, state)
+    s = Server(root, state, **kw)
     try:
-        wait_for(lambda: _answers(s), 60, "the scheduler's API")
+        wait_for(lambda: _answers(s), 60, "the scheduler's API", s.proc)
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with serving(tmp_path) as s:
+        yield s
 
 
 def _answers(s: Server) -> bool:
@@ -222,3 +242,87 @@ def test_jupyterlabs_job_list_shows_the_job(server: Server, browser: Any, tmp_pa
     assert "Completed" in row.inner_text()
     page.screenshot(path=str(tmp_path / "jobs.png"))
     assert (tmp_path / "jobs.png").stat().st_size > 10_000
+
+
+def test_a_job_with_a_cluster_compute_type_runs_as_a_kubernetes_job(
+    tmp_path: Path, kube: Any
+) -> None:
+    """A compute choice maps to submit's options: the job is submitted to the (fake) API
+    server, followed while its pod runs the notebook, and its outputs come back; a
+    stopped job's Kubernetes Job is deleted."""
+    from .test_cluster import pod, terminated, worker
+
+    bucket = f"file://{tmp_path}/bucket"
+    choice = {"image": "img:1", "run_dir": bucket, "gpu": "nvidia-l4", "memory": "8Gi"}
+    with serving(tmp_path, env=kube.env, compute={"spot-l4": choice}) as server:
+        (env,) = server.call("GET", "scheduler/runtime_environments")
+        assert env["compute_types"] == ["local", "spot-l4"]
+        write_notebook(server.root / "p.ipynb", "lr = 0.1", "print('lr', lr)")
+        nb = json.loads((server.root / "p.ipynb").read_text())
+        nb["cells"][0]["metadata"]["tags"] = ["parameters"]
+        (server.root / "p.ipynb").write_text(json.dumps(nb))
+        body = {
+            "input_uri": "p.ipynb",
+            "name": "on-spot",
+            "runtime_environment_name": "spotbook",
+            "output_formats": ["ipynb"],
+            "compute_type": "spot-l4",
+            "parameters": {"lr": "0.5"},
+        }
+        job_id = server.call("POST", "scheduler/jobs", body)["job_id"]
+        rd = f"{bucket}/{job_id}"
+        (kjob,) = wait_for(lambda: kube.objects("jobs"), 120, "the Kubernetes Job")
+        run_id = RunStore(rd).require_run()["spec"]["run_id"]
+        assert kjob["metadata"]["name"] == f"sb-{run_id}"
+        limits = kjob["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "1" and limits["memory"] == "8Gi"
+        # the runner following the Job is killed: the next question resumes it, and it
+        # follows the Job already there (never a second submit)
+        (runner,) = _runners(server)
+        runner.kill()
+        wait_for(lambda: not _running(runner.pid), 60, "the runner to die")
+
+        def resumed() -> list[Any]:
+            server.job(job_id)  # the question that finds the runner gone
+            return [p for p in _runners(server) if p.pid != runner.pid]
+
+        wait_for(resumed, 60, "a new runner")
+        assert len(kube.objects("jobs")) == 1
+        # the pod: scheduled on a spot node, the worker runs the notebook from the store
+        kube.put("pods", pod("p1", run_id, "Running", node="gke-spot-1"))
+        kube.set_status("jobs", "default", f"sb-{run_id}", {"active": 1})
+        w = worker(tmp_path, rd, "p1", "gke-spot-1", kube)
+        _, err = w.communicate(timeout=180)
+        assert w.returncode == 0, err
+        kube.put("pods", pod("p1", run_id, "Succeeded", node="gke-spot-1",
+                             containerStatuses=terminated(0)))  # fmt: skip
+        done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+        kube.set_status("jobs", "default", f"sb-{run_id}", done)
+        wait_for(lambda: server.job(job_id)["status"] == "COMPLETED", 120, "the job to finish")
+        staged = server.state / "staging" / job_id
+        (out,) = [p for p in staged.iterdir() if p.suffix == ".ipynb" and p.name != "p.ipynb"]
+        assert "lr 0.5" in out.read_text()
+
+        # another, stopped while its pod waits for a node: its Kubernetes Job goes too
+        body["name"] = "stopped"
+        second = server.call("POST", "scheduler/jobs", body)["job_id"]
+        wait_for(lambda: len(kube.objects("jobs")) == 2, 120, "the second Kubernetes Job")
+        wait_for(lambda: server.job(second)["status"] == "IN_PROGRESS", 60, "its runner")
+        server.call("PATCH", f"scheduler/jobs/{second}", {"status": "STOPPED"})
+        wait_for(lambda: server.job(second)["status"] == "STOPPED", 60, "the job to stop")
+        assert [j["metadata"]["name"] for j in kube.objects("jobs")] == [f"sb-{run_id}"]
+        assert RunStore(f"{bucket}/{second}").exists("cancelled.json")
+
+
+def _runners(server: Server) -> list[Any]:
+    """The job runners the server spawned (multiprocessing's spawned children)."""
+    import psutil
+
+    found = []
+    for p in psutil.Process(server.proc.pid).children():
+        try:
+            if "multiprocessing.spawn" in " ".join(p.cmdline()) and _running(p.pid):
+                found.append(p)
+        except psutil.Error:  # gone, or a zombie: no runner
+            continue
+    return found
