@@ -741,3 +741,43 @@ def test_restart_discards_a_tampered_history(tmp_path: Path) -> None:
     assert cli("resume", "rd", cwd=tmp_path).returncode == 2
     r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--restart", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_whole_other_store_put_in_a_runs_place_is_refused(tmp_path: Path) -> None:
+    """Run B's store, sealed with the same key (every run of a cluster shares its Secret's
+    key), copied over run A's: each of its objects is validly sealed, for B. Named by A's
+    id (`spotbook resume A`), and in a pod of the Job submitted for A (SPOTBOOK_RUN_ID),
+    it is refused with exit 2, before an attempt is claimed; named by its place (a path or
+    URL: stores move), it is B, and resumes as B."""
+    write_notebook(
+        tmp_path / "t.ipynb", "import os\nlr = os.environ['LR']", "assert os.path.exists('go')",
+        "print('lr', lr)",
+    )  # fmt: skip
+    for name, lr in (("a", "0.1"), ("b", "0.5")):
+        r = cli("run", "t.ipynb", f"{name}.ipynb", "--run-dir", f"runs/{name}", cwd=tmp_path,
+                env={"LR": lr})  # fmt: skip
+        assert r.returncode == 1, r.stderr  # stopped at cell 1, as a kill would leave it
+    a_id = RunStore(str(tmp_path / "runs" / "a")).require_run()["spec"]["run_id"]
+    shutil.rmtree(tmp_path / "runs" / "a")
+    shutil.copytree(tmp_path / "runs" / "b", tmp_path / "runs" / "a")
+    (tmp_path / "go").write_text("")
+    before = sorted((tmp_path / "runs" / "a" / "attempts").iterdir())
+    r = cli("resume", a_id, cwd=tmp_path, env={"LR": "0.1"})
+    assert r.returncode == 2, r.stderr
+    assert f"not run '{a_id}'" in r.stderr and "another run's store" in r.stderr, r.stderr
+    pod = {
+        "SPOTBOOK_RUN_DIR": str(tmp_path / "runs" / "a"),
+        "SPOTBOOK_RUN_ID": a_id,
+        "POD_NAME": "p1",
+        "NODE_NAME": "n1",
+        "LR": "0.1",
+    }
+    r = cli("worker", cwd=tmp_path, env=pod)
+    assert r.returncode == 2, r.stderr
+    assert f"not run '{a_id}'" in r.stderr, r.stderr
+    assert sorted((tmp_path / "runs" / "a" / "attempts").iterdir()) == before
+    b_id = RunStore(str(tmp_path / "runs" / "b")).require_run()["spec"]["run_id"]
+    r = cli("resume", "runs/a", cwd=tmp_path, env={"LR": "0.5"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "b.ipynb").read_text())  # B's own OUTPUT: it is B
+    assert out["metadata"]["spotbook"]["run_id"] == b_id

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 import uuid
 from collections.abc import Callable, Mapping
@@ -53,6 +52,7 @@ from .store.runstore import (
     check_writable,
     is_url,
     library_runs_dir,
+    named_id,
     new_run_id,
     read_url,
     resolve_run,
@@ -168,9 +168,6 @@ def _warn_unknown_parameters(nb: Any, params: Mapping[str, Any], language: str, 
             log.warning("Passed unknown parameter: %s%s", name, hint)
 
 
-_RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
-
-
 def _identity(nb: Any, output: str | None, kernel: str | None, cwd: str | None) -> str:
     """What defines a run made without --run-dir: the parameterised notebook's content,
     OUTPUT, the kernel and the working directory."""
@@ -193,7 +190,7 @@ def _interrupted_run(url: str, identity: str) -> str | None:
             earlier = fh.read(64).strip()
     except (OSError, UnicodeDecodeError):
         return None
-    if not _RUN_ID.fullmatch(earlier):
+    if not named_id(earlier):
         return None
     where = os.path.join(os.path.dirname(url), earlier)
     try:
@@ -535,4 +532,6 @@ def _log_output(kind: str, content: dict[str, Any]) -> None:
 
 def resume_run(run: str, *, options: RunnerOptions | None = None) -> RunResult:
     """Continue a run after its last committed cell, restoring kernel state."""
-    return _run_sync(Runner(RunStore(resolve_run(run)), options))
+    store = RunStore(resolve_run(run))
+    store.require_run_of(named_id(run))
+    return _run_sync(Runner(store, options))

@@ -38,6 +38,8 @@ class WorkerTarget:
     run_dir: str
     input_url: str | None = None  # classic mode: the notebook in the bucket
     output_url: str | None = None
+    # the run the pod's Job was submitted for (SPOTBOOK_RUN_ID): the store must hold it
+    run_id: str | None = None
 
 
 def resolve_target(run_dir: str | None, env: Mapping[str, str]) -> WorkerTarget:
@@ -60,7 +62,7 @@ def resolve_target(run_dir: str | None, env: Mapping[str, str]) -> WorkerTarget:
                     "it is set in the pods of an Indexed Job (`spotbook sweep --submit`)"
                 )
             return WorkerTarget(run_dir=f"{run_dir.rstrip('/')}/points/{int(index)}")
-        return WorkerTarget(run_dir=run_dir)
+        return WorkerTarget(run_dir=run_dir, run_id=env.get("SPOTBOOK_RUN_ID") or None)
     if not bucket or not download:
         missing = "BUCKET_NAME" if not bucket else "DOWNLOAD_FILE_PATH"
         raise UsageError(f"{missing} is not set; the classic variables need both")
@@ -84,7 +86,7 @@ def open_target(target: WorkerTarget) -> RunStore:
     """The run store to run, created from the bucket's notebook in classic mode."""
     if target.input_url is None:
         store = RunStore(target.run_dir)
-        store.require_run()
+        store.require_run_of(target.run_id)
         return store
     try:
         return prepare_run(target.input_url, target.output_url, run_dir=target.run_dir)

@@ -30,7 +30,14 @@ from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
 from ..attempt.runner import Runner, RunResult
 from ..notebook.parameters import Parameter, collect_parameters
-from ..store.runstore import CANCELLED, LEGACY_ENV, LOCAL_RUNS, RunStore, resolve_run
+from ..store.runstore import (
+    CANCELLED,
+    LEGACY_ENV,
+    LOCAL_RUNS,
+    RunStore,
+    named_id,
+    resolve_run,
+)
 from .parser import snapshot_policy
 
 log = logging.getLogger("spotbook")
@@ -328,7 +335,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_resume(args: argparse.Namespace) -> int:
     _check_stream_files(args)
     store = RunStore(resolve_run(args.run))
-    store.require_run()
+    store.require_run_of(named_id(args.run))
     print(f"spotbook: resuming {store.url}", file=sys.stderr)
     return _run_runner(store, args)
 

@@ -481,6 +481,8 @@ def build_job(opts: JobOptions) -> dict[str, Any]:
     ]
     if opts.points is not None:
         env.insert(1, {"name": SWEEP_ENV, "value": "1"})
+    else:  # the run this Job is for: the worker refuses a store holding another one
+        env.insert(1, {"name": "SPOTBOOK_RUN_ID", "value": opts.run_id})
     # where each attempt runs, recorded for `spotbook cost` (machine type and region
     # come from the node's metadata server)
     env += [

@@ -155,6 +155,14 @@ def parse_json(data: bytes) -> Any:
     return doc
 
 
+_RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")
+
+
+def named_id(run: str) -> str | None:
+    """The run id ``run`` names, where it is one (not a path, URL or name)."""
+    return run if _RUN_ID.fullmatch(run) else None
+
+
 def resolve_run(run: str, base: str = ".") -> str:
     """A run id or URL/path to the run store's URL: an id is looked for under
     ``base/.spotbook/runs``, then in the user's index of runs (any folder, any bucket)."""
@@ -414,6 +422,21 @@ class RunStore:
             raise StoreIntegrityError(
                 f"{self.url}/run.json holds no run spec; it was not used. Inspect the store, "
                 "or start the run over with `spotbook run ... --restart`"
+            )
+        return data
+
+    def require_run_of(self, expected: str | None) -> dict[str, Any]:
+        """``require_run``, and, where the caller knows which run it means (a run named
+        by its id, a pod of the Job submitted for it), that this store holds that run:
+        another run's store put in its place, sealed with the same key, is refused (its
+        own seal is checked as every store's is when it is used)."""
+        data = self.require_run()
+        found = data["spec"].get("run_id")
+        if expected and found != expected:
+            raise StoreIntegrityError(
+                f"{self.url} holds run {found!r}, not run {expected!r}, which was asked "
+                "for: another run's store was put in its place. It was not used; inspect "
+                "the store (the run asked for may be elsewhere: `spotbook runs`)"
             )
         return data
 
