@@ -666,19 +666,31 @@ def test_a_run_written_by_the_previous_format_is_refused_unless_trusted(tmp_path
     del run["seal"]  # what the previous version wrote: no seal, a key object
     store.write_json("run.json", run)
     store.write("key", b"legacy-key")
+    shutil.copytree(tmp_path / "rd", tmp_path / "other")  # another store of that format
     (tmp_path / "go").write_text("")
     r = cli("resume", "rd", cwd=tmp_path)
-    assert r.returncode == 2 and "SPOTBOOK_TRUST_LEGACY_STORE=1" in r.stderr, r.stderr
-    r = cli(
-        "resume", "rd", "--strict-resume", cwd=tmp_path, env={"SPOTBOOK_TRUST_LEGACY_STORE": "1"}
-    )
+    assert r.returncode == 2 and f"`spotbook trust {tmp_path / 'rd'}`" in r.stderr, r.stderr
+    # the old variable trusts no store by itself any more: trust is per store
+    r = cli("resume", "rd", cwd=tmp_path, env={"SPOTBOOK_TRUST_LEGACY_STORE": "1"})
+    assert r.returncode == 2 and "no longer trusts every such store" in r.stderr, r.stderr
+    r = cli("trust", "rd", cwd=tmp_path)
+    assert r.returncode == 0 and "trusting" in r.stderr, r.stderr
+    r = cli("resume", "rd", "--strict-resume", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
-    # a worker (a pod: the variable may come through envFrom) never trusts it
-    env = {"SPOTBOOK_TRUST_LEGACY_STORE": "1", "SPOTBOOK_RUN_DIR": str(tmp_path / "rd")}
+    # a worker (a pod: the variable may come through envFrom) never takes the variable
+    env = {"SPOTBOOK_TRUST_LEGACY_STORE": "1", "SPOTBOOK_RUN_DIR": str(tmp_path / "other")}
     r = cli("worker", cwd=tmp_path, env=env)
     assert r.returncode == 2 and "is ignored by spotbook worker" in r.stderr, r.stderr
-    r = cli("resume", "rd", cwd=tmp_path, env={"SPOTBOOK_TRUST_LEGACY_STORE": "1"})
+    r = cli("resume", "other", cwd=tmp_path)  # trusting one store trusts no other
+    assert r.returncode == 2 and "spotbook trust" in r.stderr, r.stderr
+    r = cli("resume", "rd", cwd=tmp_path)
     assert r.returncode == 0 and "older spotbook" in r.stderr, r.stderr
+    # a sealed store has nothing to trust; trust can be taken back
+    assert cli("trust", "--remove", "rd", cwd=tmp_path).returncode == 0
+    write_notebook(tmp_path / "s.ipynb", "x = 1")
+    assert cli("run", "s.ipynb", "s.out.ipynb", "--run-dir", "sealed", cwd=tmp_path).returncode == 0
+    r = cli("trust", "sealed", cwd=tmp_path)
+    assert r.returncode == 2 and "nothing to trust" in r.stderr, r.stderr
 
 
 def test_a_restart_cannot_be_undone_by_deleting_what_it_wrote(tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs-rm": ("status", "_cmd_runs_rm"),
     "runs-gc": ("status", "_cmd_runs_gc"),
     "worker": ("run", "_cmd_worker"),
+    "trust": ("run", "_cmd_trust"),
     "submit": ("cluster", "_cmd_submit"),
     "logs": ("cluster", "_cmd_logs"),
     "wait": ("cluster", "_cmd_wait"),

@@ -742,6 +742,16 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
     runs.add_argument("-A", "--all-namespaces", action="store_true")
     _add_cluster_flags(runs)
+    tr = sub.add_parser(
+        "trust",
+        help="resume a run store made by an older spotbook (nothing in it sealed) on this "
+        "machine",
+        description="Trust one run store from before the seal: `resume` then resumes it on "
+        "this machine, for this user (never in a pod). Only for a store whose every writer "
+        "you trust: nothing in it is sealed with a key kept outside it.",
+    )
+    tr.add_argument("run", metavar="RUN", help="run id or run store URL")
+    tr.add_argument("--remove", action="store_true", help="take the trust back")
     wk = sub.add_parser(
         "worker",
         help="the container entrypoint: run or resume the run in SPOTBOOK_RUN_DIR",

@@ -340,6 +340,30 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return _run_runner(store, args)
 
 
+def _cmd_trust(args: argparse.Namespace) -> int:
+    from ..store.integrity import trust, untrust
+
+    store = RunStore(resolve_run(args.run))
+    run = store.require_run()
+    if args.remove:
+        had = untrust(store.url)
+        print(f"spotbook: {store.url} is {'no longer' if had else 'not'} trusted", file=sys.stderr)
+        return 0
+    if run.get("seal") is not None:
+        raise UsageError(
+            f"{store.url} is sealed with a key (run {run['spec'].get('run_id')}): there is "
+            "nothing to trust; it resumes with the key it was made with"
+        )
+    path = trust(store.url)
+    print(
+        f"spotbook: trusting {store.url} (made by an older spotbook: nothing in it is "
+        f"sealed) on this machine, for this user ({path}); `spotbook resume {args.run}` "
+        f"now resumes it. Take it back with `spotbook trust --remove {args.run}`",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .._worker import open_target, resolve_target
 

@@ -178,6 +178,59 @@ def _create_user_key(path: str) -> Key:
     return _user_key(path, create=False)
 
 
+# -- trust in one store made before the seal -------------------------------------------
+# `spotbook trust RUN` writes one entry per store into the user's configuration folder
+# (never into a store, never into a pod): a store from before the seal resumes on this
+# machine only where its own location was trusted, by this user, by that command.
+def _trust_path(url: str) -> str:
+    name = hashlib.sha256(url.encode()).hexdigest()[:32]
+    return os.path.join(config_dir(), "trusted", f"{name}.json")
+
+
+def is_trusted(url: str) -> bool:
+    """Whether this user trusted the store at ``url`` with ``spotbook trust``: an entry
+    for exactly that location, a plain file only its owner can change."""
+    path = _trust_path(url)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            return False
+        try:
+            entry = json.loads(fh.read(4096))
+        except ValueError:
+            return False
+    return isinstance(entry, dict) and entry.get("url") == url
+
+
+def trust(url: str) -> str:
+    """Trust the store at ``url`` (made before the seal) on this machine; the entry's path."""
+    import time
+
+    path = _trust_path(url)
+    make_private_dirs(os.path.dirname(path))
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump({"url": url, "trusted": time.time()}, fh)
+    os.replace(tmp, path)
+    return path
+
+
+def untrust(url: str) -> bool:
+    """Take the trust in ``url`` back; whether there was any."""
+    try:
+        os.unlink(_trust_path(url))
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def make_private_dirs(path: str) -> None:
     """``os.makedirs`` whose new directories are 0700 whatever the umask.
 

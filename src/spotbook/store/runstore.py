@@ -63,6 +63,7 @@ from .integrity import (
     Key,
     LegacySeal,
     Seal,
+    is_trusted,
     load_key,
     safe_relpath,
     sha256_hex,
@@ -567,13 +568,19 @@ class RunStore:
             "with a key kept outside the store, so whoever can write the store could change "
             "what this resume runs"
         )
-        if strict or os.environ.get(LEGACY_ENV) != "1" or not key:
-            raise StoreIntegrityError(
-                f"{why}. Resume it only if you trust every writer of that location: set "
-                f"{LEGACY_ENV}=1 (not with --strict-resume); or start it over with "
-                "`spotbook run NOTEBOOK --run-dir ... --restart`"
+        if strict or not key or not is_trusted(self.url):
+            was = (
+                f" ({LEGACY_ENV} no longer trusts every such store: name this one)"
+                if os.environ.get(LEGACY_ENV)
+                else ""
             )
-        log.warning("%s; resuming it because %s=1", why, LEGACY_ENV)
+            raise StoreIntegrityError(
+                f"{why}. Resume it only if you trust every writer of that location: "
+                f"`spotbook trust {self.url}` trusts this store, on this machine{was} (not "
+                "with --strict-resume); or start it over with `spotbook run NOTEBOOK "
+                "--run-dir ... --restart`"
+            )
+        log.warning("%s; resuming it because you trusted it (`spotbook trust`)", why)
         return LegacySeal(key, run_id, self.url)
 
     def delete(self) -> None:
