@@ -744,8 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_flags(runs)
     tr = sub.add_parser(
         "trust",
-        help="resume a run store made by an older spotbook (nothing in it sealed) on this "
-        "machine",
+        help="resume a run store made by an older spotbook (nothing in it sealed) on this machine",
         description="Trust one run store from before the seal: `resume` then resumes it on "
         "this machine, for this user (never in a pod). Only for a store whose every writer "
         "you trust: nothing in it is sealed with a key kept outside it.",
