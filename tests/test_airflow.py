@@ -16,7 +16,6 @@ Airflow adds here is only who calls papermill."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -75,10 +74,8 @@ def test_airflows_papermill_operator_runs_through_spotbook_and_a_rerun_continues
         f"open({str(tmp_path / 'started')!r}, 'w').close()\n"
         f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
         "print('token', token, 'lr', lr)",
+        parameters=True,
     )
-    nb = json.loads((tmp_path / "gated.ipynb").read_text())
-    nb["cells"][0]["metadata"]["tags"] = ["parameters"]
-    (tmp_path / "gated.ipynb").write_text(json.dumps(nb))
     out = tmp_path / "out.ipynb"
     dag = DAG.format(input=str(tmp_path / "gated.ipynb"), output=str(out))
     (tmp_path / "dags" / "nb.py").write_text(dag)

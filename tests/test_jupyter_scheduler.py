@@ -138,10 +138,8 @@ def test_a_job_killed_part_way_resumes_and_its_outputs_download(
         "import os, time\nopen('started', 'w').close()\n"
         f"while not os.path.exists({str(gate)!r}):\n    time.sleep(0.01)",
         "print('token', token, 'lr', lr)",
+        parameters=True,
     )
-    nb = json.loads((server.root / "gated.ipynb").read_text())
-    nb["cells"][0]["metadata"]["tags"] = ["parameters"]
-    (server.root / "gated.ipynb").write_text(json.dumps(nb))
     created = server.call(
         "POST",
         "scheduler/jobs",
@@ -257,10 +255,7 @@ def test_a_job_with_a_cluster_compute_type_runs_as_a_kubernetes_job(
     with serving(tmp_path, env=kube.env, compute={"spot-l4": choice}) as server:
         (env,) = server.call("GET", "scheduler/runtime_environments")
         assert env["compute_types"] == ["local", "spot-l4"]
-        write_notebook(server.root / "p.ipynb", "lr = 0.1", "print('lr', lr)")
-        nb = json.loads((server.root / "p.ipynb").read_text())
-        nb["cells"][0]["metadata"]["tags"] = ["parameters"]
-        (server.root / "p.ipynb").write_text(json.dumps(nb))
+        write_notebook(server.root / "p.ipynb", "lr = 0.1", "print('lr', lr)", parameters=True)
         body = {
             "input_uri": "p.ipynb",
             "name": "on-spot",

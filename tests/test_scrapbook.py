@@ -36,10 +36,8 @@ def test_sweep_results_gather_scrapbooks_glue(tmp_path: Path) -> None:
         "lr = 0.1",
         "import scrapbook as sb\nsb.glue('loss', round(lr * 2, 6))\n"
         "sb.glue('curve', [lr, lr / 2])\nsb.glue('label', 'lr=' + str(lr))",
+        parameters=True,
     )
-    nb = json.loads((tmp_path / "sweep.ipynb").read_text())
-    nb["cells"][0]["metadata"]["tags"] = ["parameters"]
-    (tmp_path / "sweep.ipynb").write_text(json.dumps(nb))
     r = cli("sweep", "sweep.ipynb", "--run-dir", "sw", "-p", "lr", "0.1,0.5", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = cli("sweep", "results", "sw", "-o", "results.jsonl", cwd=tmp_path)
@@ -62,10 +60,8 @@ def test_papermills_older_record_is_a_result_too(tmp_path: Path) -> None:
         "lr = 0.1",
         "from IPython.display import display\n"
         "display({'application/papermill.record+json': {'score': lr * 10}}, raw=True)",
+        parameters=True,
     )
-    nb = json.loads((tmp_path / "sweep.ipynb").read_text())
-    nb["cells"][0]["metadata"]["tags"] = ["parameters"]
-    (tmp_path / "sweep.ipynb").write_text(json.dumps(nb))
     r = cli("sweep", "sweep.ipynb", "--run-dir", "sw", "-p", "lr", "0.2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = cli("sweep", "results", "sw", "-o", "r.jsonl", cwd=tmp_path)
