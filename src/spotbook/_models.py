@@ -153,6 +153,10 @@ class AttemptRecord(TypedDict, total=False):
     environment_replayed: list[int]  # cells replayed first: the environment they changed
     snapshots_off: str
     snapshots_sync: str  # why snapshots were not taken in the background
+    # why the kernel was not forked, its snapshots staged (copied, written by a thread)
+    snapshots_staged: str
+    snapshots_staging_fallback: str  # staging memory ran short: written in the pause
+    snapshots_dropped: int  # staged ones refused: a buffer changed behind its counter
     background_snapshots: int
     snapshot_pause_max: float  # the longest a background snapshot stopped the notebook
     # checkpoint files (object stores)
@@ -202,6 +206,8 @@ STATUS_ATTEMPT_FIELDS = (
     "files_given_back",
     "snapshots_off",
     "snapshots_sync",
+    "snapshots_staged",
+    "snapshots_dropped",
     "background_snapshots",
     "snapshot_pause_max",
     "error",

@@ -9,8 +9,13 @@ is written by a copy-on-write fork of the kernel while the notebook goes on with
 cells. The records of cell ``i`` and of every cell after it are held (not committed) until
 that snapshot's manifest is committed, so the order the cell loop keeps — a snapshot
 before the record of the cell it covers — holds as for a synchronous one; a kill while
-the copy writes loses only the held records, whose cells then run again. Where forking is
-unsafe the snapshot is taken synchronously, and the attempt record says why.
+the copy writes loses only the held records, whose cells then run again.
+
+Where forking is unsafe (torch, polars, LightGBM, a GPU runtime, the notebook's own
+threads) the snapshot is staged: pickled at the boundary with the large buffers that
+changed copied into staging memory, then hashed and written by a thread of the kernel
+while the notebook goes on; the same holding of records applies. Where staging fails too,
+it is taken synchronously. The attempt record says which, and why.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ log = logging.getLogger(__name__)
 KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
 _TRANSFERS = 8  # object stores: concurrent blob transfers
+# staged snapshots (no fork) for every kernel, not only those that must not fork: for a
+# machine where a fork's copy-on-write memory is not to be risked, and for the tests
+STAGED_ENV = "SPOTBOOK_SNAPSHOT_STAGED"
+_STAGING_RATE = 1e9  # bytes per second a staged snapshot copies, before one is measured
 
 
 class CannotRebuild(Exception):
@@ -63,6 +72,9 @@ class Pending:
     held: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     # commits it (and the held records) the moment it is complete, even mid-cell
     task: asyncio.Task[None] | None = None
+    # written by a thread of the kernel itself (staged: the kernel must not fork), so
+    # ``pid`` is the kernel's, never to be killed for it
+    staged: bool = False
 
 
 def _alive(pid: int) -> bool:
@@ -183,6 +195,8 @@ class Snapshots:
             return True  # take() reports why snapshots cannot work
         if self.background and not found["unsafe"]:
             predicted = BACKGROUND_PAUSE_ESTIMATE
+        elif self.background:  # staged: the pause is a copy of the state, at most
+            predicted = BACKGROUND_PAUSE_ESTIMATE + int(found["bytes"]) / _STAGING_RATE
         else:
             predicted = CHEAPEST_SNAPSHOT + int(found["bytes"]) / self._rate
         if predicted > (self.cost or 0.0):
@@ -299,6 +313,9 @@ class Snapshots:
         }
         if manifest.get("files") is not None:
             doc["files"] = manifest["files"]
+        for key in ("staged_bytes", "reused_bytes"):  # a staged one: copied, and not
+            if key in manifest:
+                doc[key] = int(manifest[key])
         if pause is not None:
             doc["pause_seconds"] = round(pause, 6)
             if "cpu_seconds" in manifest:
@@ -315,21 +332,27 @@ class Snapshots:
         assert run.session is not None and self.pending is None
         m0 = time.monotonic()
         path = os.path.join(run.tmp, f"snapshot-{index}-{time.monotonic_ns()}.json")
-        expr = f"{KERNEL_MODULE}.snapshot_fork({self.blob_dir()!r}, {path!r})"
-        try:
-            raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
-        except RuntimeError as exc:
-            self._synchronous(f"the kernel could not fork ({exc})")
-            return False
-        answer = json.loads(raw)
-        if "unsafe" in answer:
-            self._synchronous(answer["unsafe"])
-            return False
+        if os.environ.get(STAGED_ENV) == "1":
+            answer: dict[str, Any] | None = {"unsafe": f"{STAGED_ENV}=1"}
+        else:
+            expr = f"{KERNEL_MODULE}.snapshot_fork({self.blob_dir()!r}, {path!r})"
+            try:
+                raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
+            except RuntimeError as exc:
+                self._synchronous(f"the kernel could not fork ({exc})")
+                return False
+            answer = json.loads(raw)
+        assert answer is not None
+        staged = "unsafe" in answer
+        if staged:
+            answer = await self._staged(index, path, answer["unsafe"])
+            if answer is None:
+                return False
         # the kernel flushed the notebook's open files before it forked, and waits for
         # the next cell: the files as they are now are the snapshot's
         files = await self._capture_files(index)
         pause = time.monotonic() - m0
-        p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause, files)
+        p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause, files, staged=staged)
         p.task = self._last_task = asyncio.ensure_future(self._complete(p))
         self.pauses.append(pause)
         self.compute_since = 0.0
@@ -337,6 +360,29 @@ class Snapshots:
         rec["background_snapshots"] = len(self.pauses)
         rec["snapshot_pause_max"] = round(max(self.pauses), 6)
         return True
+
+    async def _staged(self, index: int, path: str, unsafe: str) -> dict[str, Any] | None:
+        """The kernel must not fork (``unsafe``): the snapshot is staged instead (pickled
+        and its changed buffers copied now, written by a thread of the kernel); None when
+        that failed too, and it is to be taken synchronously."""
+        run = self.run
+        assert run.session is not None
+        expr = f"{KERNEL_MODULE}.snapshot_staged({self.blob_dir()!r}, {path!r})"
+        try:
+            raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
+        except RuntimeError as exc:
+            if _storage_failure(exc):
+                raise self._unwritable(index, exc) from None
+            self._synchronous(f"{unsafe}, and staging the snapshot failed ({exc})")
+            return None
+        answer: dict[str, Any] = json.loads(raw)
+        rec = run.journal.attempt_rec
+        if rec.get("snapshots_staged") != unsafe:
+            log.info("snapshots are staged (copied, then written by a thread): %s", unsafe)
+            rec["snapshots_staged"] = unsafe
+        if answer.get("fallback"):
+            rec["snapshots_staging_fallback"] = answer["fallback"]
+        return answer
 
     def _synchronous(self, why: str) -> None:
         rec = self.run.journal.attempt_rec
@@ -356,16 +402,29 @@ class Snapshots:
             if _alive(p.pid):
                 return None
             # it ended: look once more (it may have renamed its file in between)
+        if p.staged:
+            return {"error": "the kernel ended while its thread wrote the snapshot"}
         return {"error": "the snapshot process ended without writing the snapshot"}
 
     async def _complete(self, p: Pending) -> None:
         """Wait for the copy, upload its blobs (object stores), commit its manifest and
         the records held behind it. Runs beside the cells."""
         while (found := self._finished(p)) is None:
-            await _exited(p.pid)
+            if p.staged:  # a thread of the kernel: nothing to wait on but its file
+                await asyncio.sleep(0.01)
+            else:
+                await _exited(p.pid)
         try:
             if "error" in found:
                 raise RuntimeError(found["error"])
+            if "stale" in found:
+                # not committed: the held records are, and a resume replays from the
+                # snapshot before (as after one given up at a deadline)
+                log.warning("the snapshot after cell %d was dropped: %s", p.index, found["stale"])
+                rec = self.run.journal.attempt_rec
+                rec["snapshots_dropped"] = rec.get("snapshots_dropped", 0) + 1
+                self._release(p)
+                return
             if p.files is not None:
                 found["files"] = await p.files
             if not self.run.store.local:
@@ -448,8 +507,9 @@ class Snapshots:
         p.held.clear()
 
     def _give_up(self, p: Pending) -> None:
-        with contextlib.suppress(OSError):
-            os.kill(p.pid, signal.SIGKILL)
+        if not p.staged:  # (a staged one's writer is a thread of the kernel: left be)
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGKILL)
         log.warning(
             "the snapshot after cell %d did not finish in time; a resume replays from the "
             "one before",
@@ -474,7 +534,10 @@ class Snapshots:
         digests = [
             e["sha256"] for e in (files.get("entries") or {}).values() if e.get("kind") == "file"
         ]
-        return [*manifest["new_blobs"], *digests]
+        # every buffer, not only the new ones: a staged snapshot reuses an unchanged
+        # buffer's blob from one that may never have been committed (nor sent)
+        stream = manifest["stream"]
+        return [*manifest["new_blobs"], stream["stream"], *stream["buffers"], *digests]
 
     def _upload(self, digests: list[str]) -> None:
         """Object stores: send the blobs the kernel staged that the store lacks."""

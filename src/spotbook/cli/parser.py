@@ -153,8 +153,9 @@ def _add_execution_flags(p: argparse.ArgumentParser) -> None:
         "--snapshot-background",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="write snapshots from a fork of the kernel while the notebook goes on (default; "
-        "synchronous where forking is unsafe: a GPU context, the notebook's own threads)",
+        help="write snapshots while the notebook goes on (default): from a fork of the "
+        "kernel, or staged (changed buffers copied, written by a thread) where forking is "
+        "unsafe: torch, polars, LightGBM, a GPU context, the notebook's own threads",
     )
     s.add_argument(
         "--snapshot-hazard",

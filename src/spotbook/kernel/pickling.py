@@ -20,12 +20,16 @@ Reducers capture what plain pickling cannot, so it needs no replay:
   on them;
 - ``sys.stdout``/``sys.stderr`` (a logging handler writing to them, say);
 - numpy views of an array that is saved too: a view again, not a copy;
+- torch's CPU storages: their memory as an out-of-band buffer (torch's own reducer
+  copies it through ``torch.save`` into bytes), one per storage, so tensors that share
+  one (a view, a parameter and its ``.data``) share it again when loaded;
 - functions defined in the notebook: re-bound to the live namespace.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import io
 import mmap
@@ -38,6 +42,7 @@ import stat
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -170,6 +175,24 @@ def with_grad(rebuild: Callable[..., Any], args: tuple[Any, ...], grad: Any) -> 
     tensor = rebuild(*args)
     tensor.grad = grad
     return tensor
+
+
+def untyped_storage(buffer: Any) -> Any:
+    """A torch CPU storage over a saved buffer's memory (a blob's private mapping, as
+    numpy arrays are rebuilt on it: pages are copied only when written)."""
+    torch = sys.modules.get("torch") or __import__("torch")
+    view = memoryview(buffer).cast("B")
+    if not view.nbytes:
+        return torch.UntypedStorage(0)
+    if view.readonly:  # an in-band buffer came back as bytes: torch wants to own a copy
+        view = memoryview(bytearray(view))
+    return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+
+
+def typed_storage(untyped: Any, dtype: Any) -> Any:
+    """The typed storage torch's tensor reducer hands its rebuild function."""
+    torch = sys.modules["torch"]
+    return torch.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
 def figure_again(
@@ -345,6 +368,35 @@ def _array_view(obj: Any, roots: dict[int, Any]) -> Any:
     return view_of, (root, offset, obj.shape, obj.strides, obj.dtype)
 
 
+def _torch_kind(kind: type, name: str) -> bool:
+    return kind.__name__ == name and kind.__module__ in ("torch", "torch.storage")
+
+
+def _storage_memory(storage: Any) -> memoryview:
+    """A CPU storage's bytes, without a copy (valid while the storage lives)."""
+    import ctypes
+
+    n = storage.nbytes()
+    if not n:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(storage.data_ptr())).cast("B")
+
+
+def _change_token(tensor: Any) -> tuple[Any, ...] | None:
+    """What says a CPU tensor's memory is unchanged since an earlier snapshot: the very
+    tensor (by weak reference), its version counter (torch bumps it at every in-place
+    change made through it or its views) and where its storage lies (and the storage,
+    held while a snapshot still reads it). Writes through an
+    alias that has a counter of its own (``.data``, ``.numpy()``) are not counted: a
+    background snapshot hashes such a buffer again before it trusts it."""
+    try:
+        storage = tensor.untyped_storage()
+        ptr, n = storage.data_ptr(), storage.nbytes()
+        return (weakref.ref(tensor), tensor._version, ptr, n, storage)
+    except Exception:  # inference tensors have no counter; some subclasses no weakref
+        return None
+
+
 class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle with spotbook's reducers and out-of-band buffers."""
 
@@ -359,6 +411,10 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         self._user_globals = user_globals
         self._roots = array_roots
         self.types: set[type] = set()  # the types the segment being written reduces
+        # torch: each CPU storage's change token (from the first tensor over it pickled)
+        # and the buffers handed out for them, kept alive so ids are not reused
+        self.tokens: dict[int, tuple[Any, tuple[Any, ...] | None]] = {}
+        self.buffer_tokens: dict[int, tuple[Any, tuple[Any, ...] | None]] = {}
         self._std = {
             id(getattr(sys, n)): n
             for n in ("stdout", "stderr", "stdin", "__stdout__", "__stderr__", "__stdin__")
@@ -386,6 +442,10 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             whole = memoryview(obj.obj)
             if (obj.format, obj.shape, obj.nbytes) == (whole.format, whole.shape, whole.nbytes):
                 return memoryview, (obj.obj,)  # a view again, of the same (shared) object
+        if kind.__module__.startswith("torch"):
+            found = self._torch(obj, kind)
+            if found is not None:
+                return found
         if (
             kind.__module__.startswith("torch")
             and getattr(obj, "grad", None) is not None
@@ -407,6 +467,30 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
                 return found
         self.types.add(kind)
         return super().reducer_override(obj)
+
+    def _torch(self, obj: Any, kind: type) -> Any:
+        """torch's storages on the CPU as out-of-band buffers (their tensors are reduced by
+        torch, which hands over a typed storage); None for torch's own reducer."""
+        if _torch_kind(kind, "TypedStorage"):
+            untyped = getattr(obj, "_untyped_storage", None)
+            if untyped is not None and untyped.device.type == "cpu":
+                return typed_storage, (untyped, obj.dtype)
+            return None
+        if _torch_kind(kind, "UntypedStorage"):
+            if obj.device.type != "cpu":
+                return None
+            buffer = pickle.PickleBuffer(_storage_memory(obj))
+            token = self.tokens.get(id(obj), (None, None))[1]
+            self.buffer_tokens[id(buffer)] = (buffer, token)
+            return untyped_storage, (buffer,)
+        if hasattr(obj, "untyped_storage") and hasattr(obj, "_version"):
+            # a tensor: its storage's token, from the first tensor over it (a parameter's
+            # own counter, not that of the ``.data`` alias torch reduces it through)
+            with contextlib.suppress(Exception):
+                storage = obj.untyped_storage()
+                if id(storage) not in self.tokens:
+                    self.tokens[id(storage)] = (storage, _change_token(obj))
+        return None
 
 
 # Large buffers move in pieces, several at a time: hashlib and os.pwrite/preadv release the
@@ -473,8 +557,10 @@ class Blobs:
     def path(self, digest: str) -> str:
         return os.path.join(self.dir, digest)
 
-    def put(self, data: Any) -> str:
-        """Store ``data`` (bytes or a contiguous buffer); return its sha256."""
+    def put(self, data: Any, token: tuple[Any, ...] | None = None) -> str:
+        """Store ``data`` (bytes or a contiguous buffer); return its sha256. (``token``:
+        what says the buffer is unchanged since an earlier snapshot; only
+        :class:`StagedBlobs` uses it.)"""
         view = memoryview(data).cast("B")
         digest = digest_of(view)
         path = self.path(digest)
@@ -525,6 +611,154 @@ class Blobs:
         finally:
             view.release()
         return data
+
+
+# -- staged snapshots ------------------------------------------------------------------
+# Kernels that must not fork (torch, polars, LightGBM, a GPU runtime, the notebook's own
+# threads) are snapshotted without a copy of the process: at the cell boundary the state
+# is pickled and each large buffer that changed is copied into staging memory; a writer
+# thread then hashes and writes them while the notebook goes on. The pause is the pickling
+# and the copies, not the hashing and the writing.
+_STAGING_POOL: list[mmap.mmap] = []  # staging memory kept for the next snapshot
+# torch storages known unchanged: (data_ptr, nbytes) -> (change token, digest)
+_KNOWN: dict[tuple[int, int], tuple[tuple[Any, ...], str]] = {}
+_UNTRUSTED: weakref.WeakSet[Any] = weakref.WeakSet()  # tensors whose counter missed a change
+
+
+def _staging_budget() -> int:
+    """Bytes this process may take for staging copies: half of what the machine (or the
+    container's memory limit) has available now."""
+    avail = None
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as fh:
+            used = int(fh.read())
+        if limit != "max":
+            left = int(limit) - used
+            avail = left if avail is None else min(avail, left)
+    if avail is None:
+        return 1 << 30
+    return max(0, avail // 2) + sum(len(m) for m in _STAGING_POOL)
+
+
+def _staging(n: int) -> mmap.mmap:
+    """Anonymous memory for a staging copy: one kept from an earlier snapshot if one is
+    large enough (its pages are already mapped), else a new mapping (huge pages asked
+    for, so a copy takes few page faults)."""
+    fits = [m for m in _STAGING_POOL if len(m) >= n]
+    if fits:
+        best = min(fits, key=len)
+        _STAGING_POOL.remove(best)
+        return best
+    mem = mmap.mmap(-1, max(n, 1))
+    with contextlib.suppress(AttributeError, OSError):
+        mem.madvise(mmap.MADV_HUGEPAGE)
+    return mem
+
+
+class StagedBlobs(Blobs):
+    """Blobs whose hashing and writing wait for :meth:`flush` (on the writer thread).
+
+    :meth:`put` returns a placeholder name for a buffer still to be written (replaced
+    by :meth:`name` once flushed) or, for a torch storage whose change token says it is
+    unchanged since the last staged snapshot, that snapshot's digest (the buffer is
+    hashed again by :meth:`flush`, and the snapshot refused as stale if it changed).
+    A buffer that may change (a live array's memory) is copied first; an immutable one
+    (bytes, the pickle stream) is kept as it is. When the copies would exceed the
+    staging budget the buffer is written at once, in the pause (``fallback`` says so).
+    """
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.budget = _staging_budget()
+        self.staged = 0  # bytes copied into staging memory
+        self.fallback = ""
+        self.reused = 0  # bytes known unchanged: neither copied nor written
+        self.jobs: list[tuple[str, memoryview, Any, tuple[Any, ...] | None]] = []
+        self.names: dict[str, str] = {}
+        self._memory: list[mmap.mmap] = []
+        self.verify: list[tuple[memoryview, Any, str, tuple[Any, ...]]] = []
+        self.stale: list[str] = []
+        self.learned: dict[tuple[int, int], tuple[tuple[Any, ...], str]] = {}
+
+    def put(self, data: Any, token: tuple[Any, ...] | None = None) -> str:
+        view = memoryview(data).cast("B")
+        if token is not None:
+            known = _known_digest(token)
+            if known is not None:
+                # the storage (token's last item) is held until the buffer is verified
+                self.verify.append((view, token[4], known, token[:4]))
+                self.reused += view.nbytes
+                return known
+        holder = view.obj
+        if type(holder) is bytes or type(holder).__name__ == "_BytesIOBuffer":
+            kept, keep = view, holder  # nobody can change it: no copy
+        elif self.staged + view.nbytes <= self.budget:
+            mem = _staging(view.nbytes)
+            kept = memoryview(mem)[: view.nbytes]
+            kept[:] = view
+            self._memory.append(mem)
+            keep = mem
+            self.staged += view.nbytes
+        else:
+            self.fallback = (
+                f"staging the state would take over half the memory available "
+                f"({self.budget >> 20} MiB): the rest was written in the pause"
+            )
+            digest = super().put(view)
+            if token is not None:
+                self.learned[(token[2], token[3])] = (token[:4], digest)
+            return digest
+        name = f"\x00staged:{len(self.jobs)}"
+        self.jobs.append((name, kept, keep, token))
+        return name
+
+    def flush(self) -> None:
+        """Hash and write the staged buffers; verify the ones reused (the writer)."""
+        for name, view, _keep, token in self.jobs:
+            self.names[name] = digest = super().put(view)
+            if token is not None:
+                self.learned[(token[2], token[3])] = (token[:4], digest)
+        for view, _owner, digest, token in self.verify:
+            # the buffer as it is now: the next cell may have changed it since the
+            # boundary (a false alarm: one snapshot fewer), but it cannot look unchanged
+            # unless it was (or was changed back)
+            if digest_of(view) != digest:
+                self.stale.append(digest)
+                tensor = token[0]()
+                if tensor is not None:
+                    _UNTRUSTED.add(tensor)
+        self.verify.clear()
+        self.jobs.clear()
+        for mem in self._memory:
+            _STAGING_POOL.append(mem)
+        self._memory.clear()
+        if self.stale:
+            _KNOWN.clear()
+        else:
+            _KNOWN.update(self.learned)
+        # staging memory beyond what this snapshot used is given back
+        while sum(len(m) for m in _STAGING_POOL) > self.staged + (64 << 20):
+            _STAGING_POOL.pop(0).close()
+
+    def name(self, value: str) -> str:
+        return self.names.get(value, value)
+
+
+def _known_digest(token: tuple[Any, ...]) -> str | None:
+    entry = _KNOWN.get((token[2], token[3]))
+    if entry is None:
+        return None
+    was, digest = entry
+    tensor = token[0]()
+    if tensor is None or was[0]() is not tensor or tensor in _UNTRUSTED:
+        return None
+    return digest if was[1] == token[1] else None
 
 
 def _pwrite_all(fd: int, view: memoryview, at: int) -> None:
@@ -598,8 +832,9 @@ def dump_namespace(
             return True
         if raw.nbytes < OUT_OF_BAND:
             return True
+        held = pickler.buffer_tokens.get(id(buf))
         try:
-            buffers.append(blobs.put(raw))
+            buffers.append(blobs.put(raw, held[1] if held else None))
         except OSError as exc:  # the store's fault, not the variable's: see below
             raise _BlobUnwritable(exc) from exc
         return False

@@ -34,6 +34,7 @@ from .pickling import (
     Blobs,
     IntegrityError,
     SetInOrder,
+    StagedBlobs,
     _private_dirs,
     dump_namespace,
     load_namespace,
@@ -252,8 +253,10 @@ def _asked_by_library() -> bool:
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    """What a cell does to the world, for the fidelity report of a replay."""
-    if not _recording:
+    """What a cell does to the world, for the fidelity report of a replay. Not what
+    spotbook's own threads do meanwhile (a staged snapshot's writer, its hashing helpers):
+    those writes are the snapshot's, not the cell's."""
+    if not _recording or threading.current_thread().name.startswith("spotbook-"):
         return
     try:
         if event == "open":
@@ -384,6 +387,7 @@ def _imports() -> list[str]:
 # tqdm's monitor, IPython's loop for %%bash): not the notebook's, so neither a fidelity
 # alarm nor a reason to snapshot synchronously (the copy never uses them)
 _LIBRARY_THREADS = (
+    "spotbook",  # the writer of a staged snapshot, and its hashing pieces
     "zmq",
     "tqdm",
     "IPython",
@@ -427,9 +431,14 @@ def _threads() -> list[str]:
 
 def snapshot(blob_dir: str) -> str:
     """Write the state's blobs into ``blob_dir``; return the manifest's contents (JSON)."""
+    return json.dumps(_take(Blobs(blob_dir)))
+
+
+def _take(blobs: Blobs) -> dict[str, Any]:
+    """The state into ``blobs``; the manifest (with the blobs' names as ``put`` gave
+    them: placeholders, for :class:`StagedBlobs`, until it is flushed)."""
     started = time.perf_counter()
     shell = _shell()
-    blobs = Blobs(blob_dir)
     values, kinds = _namespace(shell)
     t0 = time.perf_counter()
     process, uncaptured = process_state.capture()
@@ -470,7 +479,7 @@ def snapshot(blob_dir: str) -> str:
         if name.startswith("\x00part:"):
             uncaptured[name[len("\x00part:") :]] = why
     imports = blobs.put(json.dumps(_imports()).encode())
-    return json.dumps(
+    return dict(
         {
             "vars": variables,
             "stream": doc,
@@ -485,6 +494,79 @@ def snapshot(blob_dir: str) -> str:
             "seconds": time.perf_counter() - started,
         }
     )
+
+
+# -- staged snapshots (kernels that must not fork) -----------------------------------------
+_writer: threading.Thread | None = None
+
+
+def snapshot_staged(blob_dir: str, result_path: str) -> str:
+    """Without a fork: pickle the state now, copying the large buffers that changed into
+    staging memory (:class:`~.pickling.StagedBlobs`), and leave the hashing and writing to
+    a thread of this kernel that writes the manifest into ``result_path`` (atomically:
+    complete or absent; ``{"stale": why}`` when a buffer reused as unchanged had changed,
+    ``{"error": why}`` when writing failed) while the notebook goes on. Returns
+    ``{"pid", "pause", "staged", "reused", "fallback"}`` at once."""
+    global _writer
+    t0 = time.perf_counter()
+    if _writer is not None:  # the runner waits for one before asking for the next
+        _writer.join()
+    blobs = StagedBlobs(blob_dir)
+    manifest = _take(blobs)
+    pause = time.perf_counter() - t0
+    _writer = threading.Thread(
+        target=_write_staged,
+        args=(blobs, manifest, result_path, t0),
+        name="spotbook-writer",
+        daemon=True,
+    )
+    _writer.start()
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "pause": pause,
+            "staged": blobs.staged,
+            "reused": blobs.reused,
+            "fallback": blobs.fallback,
+        }
+    )
+
+
+def _write_staged(
+    blobs: StagedBlobs, manifest: dict[str, Any], result_path: str, t0: float
+) -> None:
+    """The writer thread: the staged buffers hashed and written, then the manifest."""
+    cpu = time.thread_time()
+    try:
+        blobs.flush()
+        if blobs.stale:
+            text = json.dumps(
+                {
+                    "stale": f"{len(blobs.stale)} buffer(s) changed without their tensor's "
+                    "version counter saying so (written through .data or .numpy())"
+                }
+            )
+        else:
+            doc = manifest["stream"]
+            doc["stream"] = blobs.name(doc["stream"])
+            doc["buffers"] = [blobs.name(d) for d in doc["buffers"]]
+            manifest["imports"] = blobs.name(manifest["imports"])
+            manifest["new_blobs"] = blobs.new
+            manifest["written"] = blobs.written
+            manifest["seconds"] = time.perf_counter() - t0
+            # the hashing pieces run on helper threads too: their CPU is not counted here
+            manifest["cpu_seconds"] = time.thread_time() - cpu
+            manifest["cpus"] = _cpus()
+            manifest["staged_bytes"] = blobs.staged
+            manifest["reused_bytes"] = blobs.reused
+            text = json.dumps(manifest)
+    except BaseException as exc:  # reported to the runner
+        text = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]})
+    tmp = f"{result_path}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, result_path)
 
 
 # -- background snapshots -----------------------------------------------------------------
