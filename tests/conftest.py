@@ -85,6 +85,40 @@ def wait_clock_past(t: float) -> None:
     wait_for(lambda: time.time() > t, timeout=max(5.0, t - time.time() + 5.0), what=f"t > {t}")
 
 
+def on_created(directory: Path, pick: Callable[[str], bool], then: Callable[[], Any]) -> Any:
+    """Call ``then`` the moment a file whose name ``pick`` accepts is created in
+    ``directory`` (which must exist), told by Linux's inotify as it happens, so a file
+    that lives a few milliseconds (a blob being written, then renamed) is not missed.
+    Returns what ``then`` returned."""
+    import ctypes
+    import select
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        in_create = 0x100
+        assert libc.inotify_add_watch(fd, str(directory).encode(), in_create) >= 0
+        deadline = time.monotonic() + 300
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no file of that name was created in {directory}"
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            data = os.read(fd, 65536)
+            at = 0
+            while at < len(data):
+                _, _, _, size = struct.unpack_from("iIII", data, at)
+                name = data[at + 16 : at + 16 + size].rstrip(b"\0").decode()
+                at += 16 + size
+                if pick(name):
+                    return then()
+    finally:
+        os.close(fd)
+
+
 def cells_committed(run_dir: Path) -> int:
     """Number of complete cell records in a local run store (all attempts)."""
     d = run_dir / "cells"
