@@ -195,6 +195,21 @@ def typed_storage(untyped: Any, dtype: Any) -> Any:
     return torch.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
+def polars_frame(columns: list[Any]) -> Any:
+    """A polars DataFrame again, from its columns in order (see ``_polars``)."""
+    import polars
+
+    return polars.DataFrame([polars_series(*c) if isinstance(c, tuple) else c for c in columns])
+
+
+def polars_series(name: str, buffer: Any, dtype: str) -> Any:
+    """A polars Series of a plain numeric column, from its values' bytes."""
+    import numpy
+    import polars
+
+    return polars.Series(name, numpy.frombuffer(buffer, dtype=dtype))
+
+
 def figure_again(
     kind: type, data: list[Any], layout: Any, frames: list[Any], grid: tuple[Any, Any]
 ) -> Any:
@@ -446,6 +461,10 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             found = self._torch(obj, kind)
             if found is not None:
                 return found
+        if kind.__module__ in _POLARS and kind.__name__ in ("DataFrame", "Series"):
+            found = self._polars(obj, kind)
+            if found is not None:
+                return found
         if (
             kind.__module__.startswith("torch")
             and getattr(obj, "grad", None) is not None
@@ -491,6 +510,49 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
                 if id(storage) not in self.tokens:
                     self.tokens[id(storage)] = (storage, _change_token(obj))
         return None
+
+    def _polars(self, obj: Any, kind: type) -> Any:
+        """A polars frame's (or series') plain numeric columns as out-of-band buffers of
+        their own memory, without polars' serialisation (a copy of the whole frame each
+        time); polars never changes a column's memory in place but through ``scatter``,
+        so an unchanged column's blob is reused, as for a torch storage whose counter did
+        not move (and checked the same way). Others columns are left to polars' reducer."""
+        if kind.__name__ == "Series":
+            plain = self._polars_column(obj, obj)
+            return None if plain is None else (polars_series, plain)
+        try:
+            columns = obj.get_columns()
+        except Exception:
+            return None
+        parts = [self._polars_column(c, obj) or c for c in columns]
+        if all(type(p) is not tuple for p in parts):
+            return None
+        return polars_frame, (parts,)
+
+    def _polars_column(self, series: Any, owner: Any) -> tuple[str, Any, str] | None:
+        try:
+            if (
+                series.null_count()
+                or series.n_chunks() != 1
+                or any(series.flags.values())  # sortedness would be lost
+                or not series.dtype.is_numeric()
+            ):
+                return None
+            values = series.to_numpy(allow_copy=False)
+        except Exception:  # a copy would be needed (not a plain column)
+            return None
+        if values.dtype.kind not in "iuf" or not values.flags.c_contiguous:
+            return None
+        buffer = pickle.PickleBuffer(values)
+        token = None
+        with contextlib.suppress(TypeError):  # (no weak reference to it)
+            ptr = values.__array_interface__["data"][0]
+            token = (weakref.ref(owner), 0, ptr, values.nbytes, values)
+        self.buffer_tokens[id(buffer)] = (buffer, token)
+        return (series.name, buffer, values.dtype.str)
+
+
+_POLARS = ("polars.dataframe.frame", "polars.series.series")
 
 
 # Large buffers move in pieces, several at a time: hashlib and os.pwrite/preadv release the
@@ -622,7 +684,8 @@ class Blobs:
 _STAGING_POOL: list[mmap.mmap] = []  # staging memory kept for the next snapshot
 # torch storages known unchanged: (data_ptr, nbytes) -> (change token, digest)
 _KNOWN: dict[tuple[int, int], tuple[tuple[Any, ...], str]] = {}
-_UNTRUSTED: weakref.WeakSet[Any] = weakref.WeakSet()  # tensors whose counter missed a change
+# tensors (and polars frames) whose counter missed a change, by id (frames do not hash)
+_UNTRUSTED: dict[int, weakref.ref[Any]] = {}
 
 
 def _staging_budget() -> int:
@@ -732,7 +795,9 @@ class StagedBlobs(Blobs):
                 self.stale.append(digest)
                 tensor = token[0]()
                 if tensor is not None:
-                    _UNTRUSTED.add(tensor)
+                    for gone in [k for k, ref in _UNTRUSTED.items() if ref() is None]:
+                        del _UNTRUSTED[gone]
+                    _UNTRUSTED[id(tensor)] = weakref.ref(tensor)
         self.verify.clear()
         self.jobs.clear()
         for mem in self._memory:
@@ -756,7 +821,10 @@ def _known_digest(token: tuple[Any, ...]) -> str | None:
         return None
     was, digest = entry
     tensor = token[0]()
-    if tensor is None or was[0]() is not tensor or tensor in _UNTRUSTED:
+    if tensor is None or was[0]() is not tensor:
+        return None
+    doubt = _UNTRUSTED.get(id(tensor))
+    if doubt is not None and doubt() is tensor:
         return None
     return digest if was[1] == token[1] else None
 
