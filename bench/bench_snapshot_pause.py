@@ -1,101 +1,211 @@
-"""How long a snapshot stops the notebook: background (a fork of the kernel writes it)
-against synchronous (``--no-snapshot-background``), at several sizes of state, in one run.
+"""How long a snapshot stops the notebook, for kernels of each kind, now and before (a
+commit given by ``--before``), at several sizes of state, in one run.
 
-    .venv/bin/python bench/bench_snapshot_pause.py [--sizes 0.1,1,4] [--dir DIR]
+    .venv/bin/python bench/bench_snapshot_pause.py [--sizes 0.1,1,4]
+        [--kernels numpy,torch,polars,lightgbm] [--before REV] [--no-overhead] [--dir DIR]
 
-The notebook builds N GB of numpy arrays, then runs 3 cells that each change every array
-a little (so every snapshot writes all of it) and sleep long enough for a background
-snapshot to be written (4 s per GiB); ``--snapshot every-cell``. Each snapshot's own
-writing time (``kernel_seconds`` of its manifest) is reported beside.
+Each notebook builds N GiB of state of its kind (numpy arrays; torch CPU tensors; a
+polars DataFrame; numpy arrays in a kernel that has trained a LightGBM booster), then runs
+3 cells that change every buffer a little (so every snapshot has all of it to save), then
+2 cells that change nothing large; ``--snapshot every-cell``. Each cell sleeps long enough
+for a snapshot to be written behind it, so what is measured is the pause itself, not a
+wait for the snapshot before. numpy kernels may fork (a background snapshot); the others
+may not: before, their snapshots were taken synchronously; now they are staged (the
+changed buffers copied, then written by a thread of the kernel).
+
 The pause after a cell is the time from its record's end to the next cell's start (what
 the runner spent between them, snapshot included), read from the run store's records.
+It is set against one ``memcpy`` of the buffers that changed, timed here in the same run
+(into memory already mapped, as the staging memory is after the first snapshot).
+
+With the overhead part (on unless ``--no-overhead``): six cells of 0.5 s each updating a
+400 MB tensor (torch) or array (numpy), ``--snapshot off`` against ``every-cell``; the
+time from the first cell's start to the last one's end, now and before.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import record_pauses, write_notebook
+from _common import baseline_src, record_pauses, write_notebook
 
 from spotbook.store.runstore import RunStore
 
+# per kind: (imports and the state built from `n` float64 values in `parts` pieces, a
+# change to every piece, a cell that changes nothing large)
+KINDS = {
+    "numpy": (
+        "import numpy as np, time\nrng = np.random.default_rng(0)\n"
+        "state = [rng.random({n}) for _ in range({parts})]",
+        "for a in state:\n    a[:512] += 1.0",
+        "x = sum(float(a[0]) for a in state)",
+    ),
+    "torch": (
+        "import torch, time\ntorch.manual_seed(0)\n"
+        "state = [torch.rand({n}, dtype=torch.float64) for _ in range({parts})]",
+        "for t in state:\n    t[:512] += 1.0",
+        "x = sum(float(t[0]) for t in state)",
+    ),
+    "polars": (
+        "import numpy as np, polars as pl, time\nrng = np.random.default_rng(0)\n"
+        "state = pl.DataFrame({{f'c{{i}}': rng.random({n}) for i in range({parts})}})",
+        "state = state.with_columns(pl.all() + 1.0)",
+        "x = float(state[0, 0])",
+    ),
+    "lightgbm": (
+        "import numpy as np, lightgbm as lgb, time\nrng = np.random.default_rng(0)\n"
+        "X = rng.random((2000, 5)); y = X @ np.arange(5.0)\n"
+        "booster = lgb.train({{'verbose': -1}}, lgb.Dataset(X, y), num_boost_round=5)\n"
+        "state = [rng.random({n}) for _ in range({parts})]",
+        "for a in state:\n    a[:512] += 1.0",
+        "x = float(booster.predict(X[:1])[0]) + sum(float(a[0]) for a in state)",
+    ),
+}
 
-def cells(gib: float) -> list[str]:
+
+def cells(kind: str, gib: float) -> list[str]:
     parts = max(1, int(gib * 8))
     n = int(gib * (1 << 30) / 8 / parts)
-    build = (
-        "import numpy as np, time\nrng = np.random.default_rng(0)\n"
-        f"arrays = [rng.random({n}) for _ in range({parts})]"
-    )
-    # each step outlasts the writing of a snapshot (about 1 s per GiB here), so what is
-    # measured is the pause itself, not a wait for the one before
-    step = f"for a in arrays:\n    a[:512] += 1.0\ntime.sleep({max(0.5, 4.0 * gib):.1f})"
-    return [build, step, step, step, "print(sum(float(a[0]) for a in arrays))"]
+    build, change, same = (c.format(n=n, parts=parts) for c in KINDS[kind])
+    # each cell outlasts the writing of a snapshot (about 1 s per GiB here)
+    wait = f"\ntime.sleep({max(0.5, 2.5 * gib):.1f})"
+    return [build + wait, *[change + wait] * 3, *[same + wait] * 2, "print(x)"]
+
+
+def memcpy_seconds(nbytes: int) -> float:
+    """One copy of ``nbytes`` into memory already mapped (best of three)."""
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # maps the destination's pages
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run(
+    nb: Path, work: Path, snapshot: str, env: dict[str, str]
+) -> tuple[dict[str, Any], list[float], float]:
+    """One run: (its attempt record, the pauses after each cell, first start to last end)."""
+    rd = work / "rd"
+    subprocess.run(
+        [sys.executable, "-m", "spotbook", "run", str(nb), "--run-dir", str(rd),
+         "--snapshot", snapshot, "--no-progress-bar", "--log-level", "WARNING"],
+        cwd=work, check=True, capture_output=True, env={**os.environ, **env},
+    )  # fmt: skip
+    store = RunStore(str(rd))
+    (attempt,) = store.attempts()
+    records = store.cell_records()
+    span = float(records[max(records)]["end"]) - float(records[min(records)]["start"])
+    pauses = record_pauses(store)
+    shutil.rmtree(rd)
+    return attempt, pauses, span
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:8.1f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="0.1,1,4", help="GiB of state, comma-separated")
+    ap.add_argument("--kernels", default=",".join(KINDS))
+    ap.add_argument("--before", default="2a32382", help="the commit to compare with")
+    ap.add_argument("--no-overhead", action="store_true")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-pause-", dir=args.dir))
-    rows = []
+    old = {"PYTHONPATH": str(baseline_src(args.before, work))}
+    rows: list[dict[str, Any]] = []
     try:
+        print(
+            "kernel   GiB | changed: pause ms now / before, memcpy ms, now/memcpy | "
+            "nothing large changed: pause ms now / before | how now",
+            flush=True,
+        )
         for gib in (float(x) for x in args.sizes.split(",")):
-            nb = write_notebook(work / "p.ipynb", cells(gib))
-            got = {}
-            for mode, flags in (
-                ("background", []),
-                ("synchronous", ["--no-snapshot-background"]),
-            ):
-                rd = work / f"rd-{mode}"
-                subprocess.run(
-                    [sys.executable, "-m", "spotbook", "run", str(nb), "--run-dir", str(rd),
-                     "--snapshot", "every-cell", "--no-progress-bar", *flags],
-                    cwd=work, check=True, capture_output=True,
-                )  # fmt: skip
-                store = RunStore(str(rd))
-                (attempt,) = store.attempts()
-                writes = [
-                    float((store.read_snapshot(k) or {}).get("kernel_seconds") or 0.0)
-                    for k in store.snapshot_keys().values()
-                ]
-                got[mode] = (record_pauses(store), attempt, writes)
-                shutil.rmtree(rd)
-            bg, sync = got["background"], got["synchronous"]
-            rows.append((gib, bg, sync))
-            print(
-                f"{gib:5.1f} GiB: background pause median {statistics.median(bg[0]) * 1e3:7.1f} ms "
-                f"max {max(bg[0]) * 1e3:7.1f} ms (in the kernel: fork "
-                f"{bg[1].get('snapshot_pause_max', 0) * 1e3:.1f} ms max); synchronous median "
-                f"{statistics.median(sync[0]) * 1e3:8.1f} ms; ratio "
-                f"{statistics.median(bg[0]) / statistics.median(sync[0]):.3f}; writing "
-                f"{statistics.median(bg[2]):.2f} s in the background, "
-                f"{statistics.median(sync[2]):.2f} s synchronously",
-                flush=True,
-            )
+            copy = memcpy_seconds(int(gib * (1 << 30)))
+            for kind in args.kernels.split(","):
+                nb = write_notebook(work / "p.ipynb", cells(kind, gib))
+                now, before = run(nb, work, "every-cell", {}), run(nb, work, "every-cell", old)
+                # pauses[0] follows the build; [1:4] the changes; [4:6] the cells without
+                changed = (statistics.median(now[1][1:4]), statistics.median(before[1][1:4]))
+                same = (statistics.median(now[1][4:6]), statistics.median(before[1][4:6]))
+                how = (
+                    "staged"
+                    if now[0].get("snapshots_staged")
+                    else "synchronous"
+                    if now[0].get("snapshots_sync")
+                    else "background (fork)"
+                )
+                fallback = now[0].get("snapshots_staging_fallback")
+                print(
+                    f"{kind:8} {gib:4.1f} | {ms(changed[0])} / {ms(changed[1])}, "
+                    f"{ms(copy)}, {changed[0] / copy:6.2f} | {ms(same[0])} / {ms(same[1])} | "
+                    f"{how}{'; ' + fallback if fallback else ''}",
+                    flush=True,
+                )
+                rows.append(
+                    {
+                        "kernel": kind,
+                        "gib": gib,
+                        "memcpy_ms": round(copy * 1e3, 1),
+                        "now_ms": [round(x * 1e3, 1) for x in now[1]],
+                        "before_ms": [round(x * 1e3, 1) for x in before[1]],
+                        "how": how,
+                    }
+                )
+        if not args.no_overhead:
+            overhead(work, old)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(
-        json.dumps(
-            [
-                {
-                    "gib": g,
-                    "background_ms": [round(x * 1e3, 1) for x in b[0]],
-                    "sync_ms": [round(x * 1e3, 1) for x in s[0]],
-                }
-                for g, b, s in rows
-            ]
+    print(json.dumps(rows))
+
+
+def overhead(work: Path, old: dict[str, str]) -> None:
+    """every-cell against off, on six 0.5 s cells updating 400 MB: torch and numpy."""
+    n = 400_000_000 // 8
+    notebooks = {
+        "numpy": [f"import numpy as np, time\nw = np.zeros({n})"],
+        "torch": [f"import torch, time\nw = torch.zeros({n}, dtype=torch.float64)"],
+    }
+    step = "w += 1.0\ntime.sleep(0.5)"
+    factor: dict[tuple[str, str], float] = {}
+    extra: dict[tuple[str, str], float] = {}
+    for kind, sources in notebooks.items():
+        nb = write_notebook(work / f"o-{kind}.ipynb", [*sources, *[step] * 6])
+        for when, env in (("now", {}), ("before", old)):
+            off = run(nb, work, "off", env)[2]
+            every = run(nb, work, "every-cell", env)[2]
+            factor[kind, when] = every / off
+            extra[kind, when] = every - off
+            print(
+                f"overhead {kind:5} {when:6}: off {off:5.2f} s, every-cell {every:5.2f} s, "
+                f"x{every / off:.2f}",
+                flush=True,
+            )
+    for when in ("now", "before"):
+        print(
+            f"every-cell overhead, torch against numpy ({when}): seconds added "
+            f"{extra['torch', when] / max(extra['numpy', when], 1e-3):.2f}x, slowdown "
+            f"{factor['torch', when] / factor['numpy', when]:.2f}x",
+            flush=True,
         )
-    )
 
 
 if __name__ == "__main__":
