@@ -7,9 +7,9 @@ commit given by ``--before``), at several sizes of state, in one run.
 Each notebook builds N GiB of state of its kind (numpy arrays; torch CPU tensors; a
 polars DataFrame; numpy arrays in a kernel that has trained a LightGBM booster), then runs
 3 cells that change every buffer a little (so every snapshot has all of it to save), then
-2 cells that change nothing large; ``--snapshot every-cell``. Each cell sleeps long enough
-for a snapshot to be written behind it, so what is measured is the pause itself, not a
-wait for the snapshot before. numpy kernels may fork (a background snapshot); the others
+2 cells that change nothing large; ``--snapshot every-cell``. Each cell waits until the
+snapshot before it is committed, so what is measured is the pause itself, not a wait
+for the snapshot before. numpy kernels may fork (a background snapshot); the others
 may not: before, their snapshots were taken synchronously; now they are staged (the
 changed buffers copied, then written by a thread of the kernel).
 
@@ -76,13 +76,24 @@ KINDS = {
 }
 
 
-def cells(kind: str, gib: float) -> list[str]:
+def cells(kind: str, gib: float, snaps: Path) -> list[str]:
+    """The notebook; each cell after the first waits until the snapshot after the cell
+    before it is committed (a manifest in ``snaps``), so no snapshot is still being
+    written at the next boundary: what is measured is the pause, not a wait for a write."""
     parts = max(1, int(gib * 8))
     n = int(gib * (1 << 30) / 8 / parts)
     build, change, same = (c.format(n=n, parts=parts) for c in KINDS[kind])
-    # each cell outlasts the writing of a snapshot (about 1 s per GiB here)
-    wait = f"\ntime.sleep({max(0.5, 2.5 * gib):.1f})"
-    return [build + wait, *[change + wait] * 3, *[same + wait] * 2, "print(x)"]
+
+    def after(k: int) -> str:
+        return f"\nwhile snapshots() < {k}:\n    time.sleep(0.01)"
+
+    first = (
+        f"import os\ndef snapshots():\n    d = {str(snaps)!r}\n"
+        "    return len([f for f in os.listdir(d) if f.endswith('.json')]) "
+        "if os.path.isdir(d) else 0\n" + build
+    )
+    body = [change] * 3 + [same] * 2
+    return [first, *[c + after(k + 1) for k, c in enumerate(body)], "print(x)"]
 
 
 def memcpy_seconds(nbytes: int) -> float:
@@ -103,11 +114,13 @@ def run(
 ) -> tuple[dict[str, Any], list[float], float]:
     """One run: (its attempt record, the pauses after each cell, first start to last end)."""
     rd = work / "rd"
-    subprocess.run(
+    r = subprocess.run(
         [sys.executable, "-m", "spotbook", "run", str(nb), "--run-dir", str(rd),
          "--snapshot", snapshot, "--no-progress-bar", "--log-level", "WARNING"],
-        cwd=work, check=True, capture_output=True, env={**os.environ, **env},
+        cwd=work, capture_output=True, text=True, env={**os.environ, **env},
     )  # fmt: skip
+    if r.returncode:
+        raise SystemExit(f"spotbook run failed ({r.returncode}):\n{r.stderr[-3000:]}")
     store = RunStore(str(rd))
     (attempt,) = store.attempts()
     records = store.cell_records()
@@ -141,7 +154,7 @@ def main() -> None:
         for gib in (float(x) for x in args.sizes.split(",")):
             copy = memcpy_seconds(int(gib * (1 << 30)))
             for kind in args.kernels.split(","):
-                nb = write_notebook(work / "p.ipynb", cells(kind, gib))
+                nb = write_notebook(work / "p.ipynb", cells(kind, gib, work / "rd/state/snap"))
                 now, before = run(nb, work, "every-cell", {}), run(nb, work, "every-cell", old)
                 # pauses[0] follows the build; [1:4] the changes; [4:6] the cells without
                 changed = (statistics.median(now[1][1:4]), statistics.median(before[1][1:4]))
