@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -345,3 +346,44 @@ def test_polars_columns_round_trip_and_unchanged_ones_are_not_copied(tmp_path: P
         assert third.staged >= changed.nbytes
     else:
         assert third.stale, "a column changed in place was taken as unchanged"
+
+
+def test_numpy_arrays_found_stable_are_not_copied_and_a_change_is_caught(tmp_path: Path) -> None:
+    """numpy arrays have no version counter: in a staged snapshot an array is reused
+    without a copy only after two snapshots in a row found it the same, so one the cells
+    keep changing is copied every time (and no snapshot dropped for it); a stable one
+    changed at last is caught by the writer (that snapshot dropped), then copied again."""
+    import numpy as np
+
+    from spotbook.kernel import pickling
+
+    stable = np.random.default_rng(0).random((1000, 1000))  # 8 MB, never changed
+    moving = np.zeros(500_000)  # 4 MB, changed before every snapshot
+    view = stable[:10]
+
+    def snapshot() -> tuple[dict[str, Any], pickling.StagedBlobs]:
+        blobs = pickling.StagedBlobs(str(tmp_path / "blobs"))
+        values = {"stable": stable, "moving": moving, "view": view}
+        doc, failed = pickling.dump_namespace(values, {}, blobs)
+        assert failed == {}
+        blobs.flush()
+        doc["stream"] = blobs.name(doc["stream"])
+        doc["buffers"] = [blobs.name(d) for d in doc["buffers"]]
+        return doc, blobs
+
+    pickling._KNOWN.clear()
+    seen = []
+    for _ in range(4):
+        moving += 1.0
+        doc, blobs = snapshot()
+        seen.append((blobs.staged, blobs.reused, len(blobs.stale)))
+        back, _ = pickling.load_namespace(doc, pickling.Blobs(str(tmp_path / "blobs")))
+        assert np.array_equal(back["stable"], stable) and np.array_equal(back["moving"], moving)
+        assert back["moving"].flags.writeable and back["view"].base is not None
+    both, one = stable.nbytes + moving.nbytes, moving.nbytes
+    assert seen == [(both, 0, 0), (both, 0, 0), (one, stable.nbytes, 0), (one, stable.nbytes, 0)]
+    stable[0, 0] = -1.0  # a change nothing counts
+    _, blobs = snapshot()
+    assert blobs.stale, "a stable array changed was taken as unchanged"
+    _, blobs = snapshot()
+    assert (blobs.staged, blobs.reused, blobs.stale) == (both, 0, [])

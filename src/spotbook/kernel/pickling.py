@@ -195,6 +195,13 @@ def typed_storage(untyped: Any, dtype: Any) -> Any:
     return torch.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
+def numpy_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    """A numpy array again, over its bytes (as numpy's own reducer rebuilds one)."""
+    import numpy
+
+    return numpy.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
 def polars_frame(columns: list[Any]) -> Any:
     """A polars DataFrame again, from its columns in order (see ``_polars``)."""
     import polars
@@ -421,8 +428,10 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         user_globals: dict[str, Any],
         on_buffer: Callable[[pickle.PickleBuffer], bool],
         array_roots: dict[int, Any],
+        track: bool = False,
     ) -> None:
         super().__init__(file, protocol=5, buffer_callback=on_buffer)
+        self.track = track  # numpy arrays with change tokens (staged snapshots)
         self._user_globals = user_globals
         self._roots = array_roots
         self.types: set[type] = set()  # the types the segment being written reduces
@@ -480,6 +489,10 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             return figure_again, (kind, list(obj.data), obj.layout, list(obj.frames), grid)
         if kind is bytes and len(obj) >= OUT_OF_BAND:
             return bytes, (pickle.PickleBuffer(obj),)
+        if self.track and kind.__name__ == "ndarray" and kind.__module__ == "numpy":
+            found = self._numpy(obj)
+            if found is not None:
+                return found
         if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and obj.base is not None:
             found = _array_view(obj, self._roots)
             if found is not None:
@@ -510,6 +523,27 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
                 if id(storage) not in self.tokens:
                     self.tokens[id(storage)] = (storage, _change_token(obj))
         return None
+
+    def _numpy(self, obj: Any) -> Any:
+        """Staged snapshots: a large plain array that owns its memory as an out-of-band
+        buffer with a change token (see ``StagedBlobs._learn``); None for numpy's own
+        reducer."""
+        dtype = obj.dtype
+        if (
+            obj.base is not None
+            or obj.nbytes < OUT_OF_BAND
+            or not obj.flags.c_contiguous
+            or dtype.hasobject
+            or dtype.fields is not None
+            or dtype.subdtype is not None
+        ):
+            return None
+        buffer = pickle.PickleBuffer(obj)
+        token = None
+        with contextlib.suppress(TypeError):
+            token = (weakref.ref(obj), None, obj.__array_interface__["data"][0], obj.nbytes, obj)
+        self.buffer_tokens[id(buffer)] = (buffer, token)
+        return numpy_array, (buffer, dtype.str, obj.shape)
 
     def _polars(self, obj: Any, kind: type) -> Any:
         """A polars frame's (or series') plain numeric columns as out-of-band buffers of
@@ -764,7 +798,7 @@ class StagedBlobs(Blobs):
         elif self.staged + view.nbytes <= self.budget:
             mem = _staging(view.nbytes)
             kept = memoryview(mem)[: view.nbytes]
-            kept[:] = view
+            _copy(kept, view)
             self._memory.append(mem)
             keep = mem
             self.staged += view.nbytes
@@ -775,18 +809,30 @@ class StagedBlobs(Blobs):
             )
             digest = super().put(view)
             if token is not None:
-                self.learned[(token[2], token[3])] = (token[:4], digest)
+                self._learn(token, digest)
             return digest
         name = f"\x00staged:{len(self.jobs)}"
         self.jobs.append((name, kept, keep, token))
         return name
+
+    def _learn(self, token: tuple[Any, ...], digest: str) -> None:
+        """Remember a buffer's digest for the next snapshot. A numpy array has no version
+        counter: it is taken as unchanged only once two snapshots in a row found the same
+        digest at the same place in the same array ("stable"), so an array the cells
+        keep changing is copied every time (never reused, so never a snapshot dropped)."""
+        key = (token[2], token[3])
+        if token[1] is None or token[1] in ("new", "stable"):
+            prior = _KNOWN.get(key)
+            same = prior is not None and prior[1] == digest and prior[0][0]() is token[0]()
+            token = (token[0], "stable" if same else "new", *token[2:])
+        self.learned[key] = (token[:4], digest)
 
     def flush(self) -> None:
         """Hash and write the staged buffers; verify the ones reused (the writer)."""
         for name, view, _keep, token in self.jobs:
             self.names[name] = digest = super().put(view)
             if token is not None:
-                self.learned[(token[2], token[3])] = (token[:4], digest)
+                self._learn(token, digest)
         for view, _owner, digest, token in self.verify:
             # the buffer as it is now: the next cell may have changed it since the
             # boundary (a false alarm: one snapshot fewer), but it cannot look unchanged
@@ -807,12 +853,50 @@ class StagedBlobs(Blobs):
             _KNOWN.clear()
         else:
             _KNOWN.update(self.learned)
+            for dead in [k for k, (was, _) in _KNOWN.items() if was[0]() is None]:
+                del _KNOWN[dead]
         # staging memory beyond what this snapshot used is given back
         while sum(len(m) for m in _STAGING_POOL) > self.staged + (64 << 20):
             _STAGING_POOL.pop(0).close()
 
     def name(self, value: str) -> str:
         return self.names.get(value, value)
+
+
+def _address(view: memoryview) -> int | None:
+    """Where a contiguous buffer's bytes lie: a writable one through ctypes, a read-only
+    numpy array (a polars column's) from its array interface; None if not known."""
+    import ctypes
+
+    if not view.readonly:
+        with contextlib.suppress(TypeError, ValueError):
+            return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    owner = view.obj
+    face = getattr(owner, "__array_interface__", None)
+    if (
+        isinstance(face, dict)
+        and getattr(owner, "nbytes", None) == view.nbytes
+        and face.get("strides") is None  # C-contiguous: the data starts the buffer
+    ):
+        return int(face["data"][0])
+    return None
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src``; a large one in pieces on every core (``ctypes.memmove`` lets go
+    of the GIL; the notebook is paused meanwhile, so the cores are the snapshot's)."""
+    import ctypes
+
+    size = src.nbytes
+    to, at = _address(dst), _address(src)
+    if size < 2 * CHUNK or _WORKERS == 1 or to is None or at is None:
+        dst[:] = src
+        return
+
+    def piece(off: int) -> None:
+        ctypes.memmove(to + off, at + off, min(CHUNK, size - off))
+
+    _pieces(size, piece)
 
 
 def _known_digest(token: tuple[Any, ...]) -> str | None:
@@ -826,6 +910,8 @@ def _known_digest(token: tuple[Any, ...]) -> str | None:
     doubt = _UNTRUSTED.get(id(tensor))
     if doubt is not None and doubt() is tensor:
         return None
+    if token[1] is None:  # a numpy array: reused once it was found stable
+        return digest if was[1] == "stable" else None
     return digest if was[1] == token[1] else None
 
 
@@ -908,7 +994,9 @@ def dump_namespace(
         return False
 
     roots = array_roots(values)
-    pickler = NamespacePickler(stream, user_globals, on_buffer, roots)
+    pickler = NamespacePickler(
+        stream, user_globals, on_buffer, roots, track=isinstance(blobs, StagedBlobs)
+    )
     segments: list[list[Any]] = []
     failed: dict[str, str] = {}
     # arrays that view another come last, so the array they view is saved first
