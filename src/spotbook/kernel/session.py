@@ -498,6 +498,7 @@ def _take(blobs: Blobs) -> dict[str, Any]:
 
 # -- staged snapshots (kernels that must not fork) -----------------------------------------
 _writer: threading.Thread | None = None
+_WRITER_NICE = 10  # added to the kernel's own niceness (Linux: per thread)
 
 
 def snapshot_staged(blob_dir: str, result_path: str) -> str:
@@ -535,7 +536,15 @@ def snapshot_staged(blob_dir: str, result_path: str) -> str:
 def _write_staged(
     blobs: StagedBlobs, manifest: dict[str, Any], result_path: str, t0: float
 ) -> None:
-    """The writer thread: the staged buffers hashed and written, then the manifest."""
+    """The writer thread: the staged buffers hashed and written, then the manifest. It
+    yields the processor to the notebook (a lower priority, which the threads it starts
+    to hash and write in pieces inherit): the notebook's next cell, and the runner
+    starting it, come first."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + _WRITER_NICE)
+        )
     cpu = time.thread_time()
     try:
         blobs.flush()
@@ -543,7 +552,8 @@ def _write_staged(
             text = json.dumps(
                 {
                     "stale": f"{len(blobs.stale)} buffer(s) changed without their tensor's "
-                    "version counter saying so (written through .data or .numpy())"
+                    "version counter saying so (written through .data or .numpy(), or a "
+                    "polars column changed in place)"
                 }
             )
         else:
