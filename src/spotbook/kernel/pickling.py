@@ -31,6 +31,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import importlib
 import io
 import mmap
 import os
@@ -196,25 +197,23 @@ def typed_storage(untyped: Any, dtype: Any) -> Any:
 
 
 def numpy_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    """A numpy array again, over its bytes (as numpy's own reducer rebuilds one)."""
-    import numpy
-
+    """A numpy array again, over its bytes (as numpy's own reducer rebuilds one). The
+    library is the one whose object this is (imported by name, as a pickle's own
+    reference to it would): the kernel side depends on none."""
+    numpy = importlib.import_module("numpy")
     return numpy.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
 def polars_frame(columns: list[Any]) -> Any:
     """A polars DataFrame again, from its columns in order (see ``_polars``)."""
-    import polars
-
+    polars = importlib.import_module("polars")
     return polars.DataFrame([polars_series(*c) if isinstance(c, tuple) else c for c in columns])
 
 
 def polars_series(name: str, buffer: Any, dtype: str) -> Any:
     """A polars Series of a plain numeric column, from its values' bytes."""
-    import numpy
-    import polars
-
-    return polars.Series(name, numpy.frombuffer(buffer, dtype=dtype))
+    values = importlib.import_module("numpy").frombuffer(buffer, dtype=dtype)
+    return importlib.import_module("polars").Series(name, values)
 
 
 def figure_again(
