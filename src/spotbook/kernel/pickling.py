@@ -532,6 +532,7 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
             obj.base is not None
             or obj.nbytes < OUT_OF_BAND
             or not obj.flags.c_contiguous
+            or not obj.flags.writeable  # (left to numpy's reducer, as it always was)
             or dtype.hasobject
             or dtype.fields is not None
             or dtype.subdtype is not None
