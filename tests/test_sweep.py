@@ -262,7 +262,13 @@ def test_a_failing_point_fails_alone_and_the_sweep_says_so(tmp_path: Path) -> No
 
 
 def test_record_refuses_what_json_cannot_hold() -> None:
-    spotbook.record("fine", {"a": [1, 2.5, None]})  # outside a kernel: checked only
+    # IPython imported, as another test in this process may have done, but no shell:
+    # outside a kernel the value is checked only (no shell made to publish it)
+    import IPython.core.display_functions  # noqa: F401
+    from IPython.core.interactiveshell import InteractiveShell
+
+    spotbook.record("fine", {"a": [1, 2.5, None]})
+    assert not InteractiveShell.initialized()
     with pytest.raises(ValueError, match="JSON-serialisable"):
         spotbook.record("x", {1, 2})
     with pytest.raises(ValueError, match="JSON-serialisable"):

@@ -77,7 +77,11 @@ def record(name: str, value: Any) -> None:
         "IPython.core.display"
     )
     publish = getattr(display, "publish_display_data", None)
-    if publish is None:
+    # a kernel's shell, if this process has one: publishing without one would make one
+    # (and IPython's virtualenv warning with it) in a process that only imported IPython
+    shells = sys.modules.get("IPython.core.interactiveshell")
+    shell = getattr(shells, "InteractiveShell", None)
+    if publish is None or shell is None or not shell.initialized():
         return
     value = json.loads(text)
     data: dict[str, Any] = {RECORD_MIME: {"name": name, "value": value}}
