@@ -51,15 +51,23 @@ def check_consistent(event: dict[str, Any], attempts: list[dict[str, Any]]) -> N
 
 
 def test_local_drill_sigterms_resumes_and_reports(work: Path) -> None:
-    rd = work / "rd"
-    runner = start_cli("run", "sleepy.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    rd, gate = work / "rd", work / "gate"
+    # the run waits at cell 3 until the gate is made: the drill finds it running however
+    # long its own start takes (on a loaded machine the run once finished first)
+    runner = start_cli(
+        "run", "sleepy.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work,
+        env={"SB_GATE": str(gate)},
+    )  # fmt: skip
     wait_for(lambda: cells_committed(rd) >= 3, what="3 cells")
-    r = cli("drill", "rd", cwd=work)
+    proc = start_cli("drill", "rd", cwd=work)
+    runner.wait(timeout=300)  # stopped by the drill's SIGTERM
+    gate.touch()  # (for the resume, wherever its kernel gets its environment from)
+    out, errors = proc.communicate(timeout=300)
     code, err = kill(runner, signal.SIGKILL)  # already gone: collect its exit status
     assert code == 75, err  # it stopped on the drill's SIGTERM
-    assert r.returncode == 0, r.stderr
-    assert "sent SIGTERM to the runner" in r.stderr and "resuming" in r.stderr
-    drill = json.loads(r.stdout[r.stdout.index("{") :])["drill"]
+    assert proc.returncode == 0, errors
+    assert "sent SIGTERM to the runner" in errors and "resuming" in errors
+    drill = json.loads(out[out.index("{") :])["drill"]
     # it stopped on the SIGTERM (exit 75 above), not on the SIGKILL after the grace
     assert drill["how"] == "preempted" and drill["sigterm_to_exit_seconds"] > 0
     doc = json.loads(cli("status", "rd", "--json", cwd=work).stdout)
