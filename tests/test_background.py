@@ -301,6 +301,20 @@ def test_torch_tensors_unchanged_are_not_copied_and_a_change_behind_the_counter_
     assert got == want
 
 
+def _staged_snapshot(blob_dir: Path, values: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """A staged snapshot of ``values`` taken in this process, flushed as its writer
+    would: (its manifest's stream document with blob names, the StagedBlobs)."""
+    from spotbook.kernel import pickling
+
+    blobs = pickling.StagedBlobs(str(blob_dir))
+    doc, failed = pickling.dump_namespace(values, {}, blobs)
+    assert failed == {}
+    blobs.flush()
+    doc["stream"] = blobs.name(doc["stream"])
+    doc["buffers"] = [blobs.name(d) for d in doc["buffers"]]
+    return doc, blobs
+
+
 def test_polars_columns_round_trip_and_unchanged_ones_are_not_copied(tmp_path: Path) -> None:
     """polars frames' plain numeric columns are saved from their own memory (not through
     polars' serialisation) and come back equal, schema and all, beside columns left to
@@ -322,14 +336,8 @@ def test_polars_columns_round_trip_and_unchanged_ones_are_not_copied(tmp_path: P
     ).with_columns(pl.col("u8").alias("sorted").sort().set_sorted())
     series = pl.Series("alone", np.arange(50_000, dtype=np.float32))
 
-    def snapshot(values: dict[str, object]) -> tuple[dict[str, object], pickling.StagedBlobs]:
-        blobs = pickling.StagedBlobs(str(tmp_path / "blobs"))
-        doc, failed = pickling.dump_namespace(values, {}, blobs)
-        assert failed == {}
-        blobs.flush()
-        doc["stream"] = blobs.name(doc["stream"])
-        doc["buffers"] = [blobs.name(d) for d in doc["buffers"]]
-        return doc, blobs
+    def snapshot(values: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        return _staged_snapshot(tmp_path / "blobs", values)
 
     pickling._KNOWN.clear()
     doc, first = snapshot({"frame": frame, "series": series})
@@ -361,15 +369,9 @@ def test_numpy_arrays_found_stable_are_not_copied_and_a_change_is_caught(tmp_pat
     moving = np.zeros(500_000)  # 4 MB, changed before every snapshot
     view = stable[:10]
 
-    def snapshot() -> tuple[dict[str, Any], pickling.StagedBlobs]:
-        blobs = pickling.StagedBlobs(str(tmp_path / "blobs"))
+    def snapshot() -> tuple[dict[str, Any], Any]:
         values = {"stable": stable, "moving": moving, "view": view}
-        doc, failed = pickling.dump_namespace(values, {}, blobs)
-        assert failed == {}
-        blobs.flush()
-        doc["stream"] = blobs.name(doc["stream"])
-        doc["buffers"] = [blobs.name(d) for d in doc["buffers"]]
-        return doc, blobs
+        return _staged_snapshot(tmp_path / "blobs", values)
 
     pickling._KNOWN.clear()
     seen = []
