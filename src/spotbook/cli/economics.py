@@ -293,7 +293,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     )
     print(
         f"{'strategy':<10} {'billed s':>9} {'finish s':>9} {'preempt.':>8} "
-        f"{'cost ratio':>10} {'simulated':>10}"
+        f"{'cost ratio':>10} {'simulated':>10} {'simulated billed s':>19}"
     )
     for name, row in doc["strategies"].items():
         sim = row["predicted_cost_ratio"]
@@ -301,5 +301,14 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
             f"{name:<10} {row['billed_seconds']:>9.2f} {row['finish_seconds']:>9.2f} "
             f"{row['preemptions']:>8} {row['cost_ratio']:>10.4f} "
             + (f"{sim:>10.4f}" if sim is not None else f"{'-':>10}")
+            + (
+                f" {band[0]:>8.2f} to {band[1]:<7.2f}"
+                if (band := row["predicted_billed_seconds"])
+                else ""
+            )
         )
+    print(
+        "(simulated: for the same times, at the median start this machine showed; billed: "
+        "at its fastest and slowest start, restore and finish)"
+    )
     return 0

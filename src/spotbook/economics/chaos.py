@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import UsageError
+from .._models import Outcome
+from .._status import describe
 from ..store.runstore import RunStore
-from .simulate import HOUR, Estimate, Profile, profile_from_run, simulate
+from .simulate import HOUR, Estimate, Profile, auto_interval, profile_from_run, simulate
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -60,6 +62,11 @@ class ChaosReport:
     signal: str
     runs: list[ChaosRun]
     predicted: dict[str, Estimate] = field(default_factory=dict)
+    # the simulator's billed seconds for the same times, with the cheapest and the
+    # dearest start, restore and finish this machine showed in any attempt: a machine
+    # whose speed changes while the runs go (other work on it) moves the measured cost
+    # inside this band, not away from the simulator
+    band: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +93,11 @@ class ChaosReport:
                     "predicted_cost_ratio": (
                         round(self.predicted[r.strategy].cost_ratio, 4)
                         if r.strategy in self.predicted
+                        else None
+                    ),
+                    "predicted_billed_seconds": (
+                        [round(x, 3) for x in self.band[r.strategy]]
+                        if r.strategy in self.band
                         else None
                     ),
                 }
@@ -172,8 +184,6 @@ def chaos(
                 strategy, notebook, root / strategy, extra, times, delay, signal, grace, tell
             )
         )
-    from .simulate import auto_interval
-
     # the start a fresh attempt costs, as this machine showed it in every attempt that
     # began without a restore (the baseline's is the first, often cold, start: one
     # sample of a cost that varies; the strategies' attempts meet the same machine)
@@ -194,14 +204,57 @@ def chaos(
         )
         for s in strategies
     }
-    return ChaosReport(baseline, profile, times, delay, signal, runs, predicted)
+    stores = [RunStore(base_dir), *(RunStore(str(root / s)) for s in strategies)]
+    band = {s: _band(profile, s, rate, delay, times, starts, stores) for s in strategies}
+    return ChaosReport(baseline, profile, times, delay, signal, runs, predicted, band)
+
+
+def _band(
+    profile: Profile,
+    strategy: str,
+    rate: float,
+    delay: float,
+    times: list[float],
+    starts: list[float],
+    stores: list[RunStore],
+) -> tuple[float, float]:
+    """The simulator's billed seconds for ``strategy`` at the fastest and at the slowest
+    start, restore and finish seen in the attempts of ``stores``."""
+    restores: list[float] = []
+    finishes: list[float] = []
+    for store in stores:
+        if not store.exists("run.json"):
+            continue
+        attempts = describe(store)["attempts"]
+        restores += [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
+        ends = [float(r.get("end") or 0.0) for r in store.cell_records().values()]
+        last = attempts[-1] if attempts else {}
+        if ends and last.get("ended") and last.get("outcome") == Outcome.COMPLETED:
+            finishes.append(max(float(last["ended"]) - max(ends), 0.0))
+    out = []
+    for pick in (min, max):
+        p = dataclasses.replace(
+            profile,
+            start_seconds=pick([profile.start_seconds, *starts]),
+            restore_seconds=pick([profile.restore_seconds, *restores]),
+            finish_seconds=pick([profile.finish_seconds, *finishes]),
+        )
+        resume = strategy == "resume"
+        est = simulate(
+            p,
+            strategy,
+            interval=auto_interval(p, rate) if resume else None,
+            first_interval=p.first_snapshot_after if resume else None,
+            delay=delay,
+            trace=times,
+        )
+        out.append(est.cost_ratio * (p.start_seconds + p.compute))
+    return min(out), max(out)
 
 
 def _fresh_starts(store: RunStore) -> list[float]:
     """Each attempt's time from its process's start to its first cell, for the attempts
     that began without a restore and finished a cell."""
-    from .._status import describe
-
     if not store.exists("run.json"):
         return []
     first: dict[int, float] = {}
