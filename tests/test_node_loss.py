@@ -323,14 +323,16 @@ def test_same_node_copies_nothing(node: Node, nl_reference: dict[str, str], tmp_
     assert {k: (got.get(k), v) for k, v in nl_reference.items() if got.get(k) != v} == {}
 
 
-def test_checkpoint_dir_commits_with_its_cell_on_s3(
-    node: Node, tmp_path: Path, request: pytest.FixtureRequest
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_checkpoint_dir_commits_with_its_cell(
+    kind: str, node: Node, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """On an object store, what a cell wrote into ``spotbook.checkpoint_dir()`` is in the
-    store before that cell's record commits (it used to wait for the 60 s sync), and the
-    directory has the same path in every attempt (a path kept in a variable still
-    works), also on a new node."""
-    rd, store_env = _store("s3", tmp_path, request)
+    """What a cell wrote into ``spotbook.checkpoint_dir()`` is in the store before that
+    cell's record commits (it used to wait for the 60 s sync), and the directory has the
+    same path in every attempt (a path kept in a variable still works), also on a new
+    node. A local store is kept as an object store is: the directory is never a folder in
+    the store, where its writer could change it between two attempts (issue 31)."""
+    rd, store_env = _store(kind, tmp_path, request)
     env = {**node.env(), **store_env}
     gate = node.env()["NL_GATE"]
     from .conftest import write_notebook
@@ -355,6 +357,11 @@ def test_checkpoint_dir_commits_with_its_cell_on_s3(
     assert r.returncode == 0, r.stderr
     text = "".join(load(node.work / "out.ipynb")["cells"][2]["outputs"][0]["text"])
     assert text == "epoch 3 True\n"
+    assert "best.txt" in json.dumps(RunStore(rd).files_manifest())  # sealed, with its hash
+    if kind == "local":
+        # only sealed manifests in the store's files/, no plain copy of the directory
+        names = os.listdir(os.path.join(rd, "files"))
+        assert names and all(n.startswith("a0") and n.endswith(".json") for n in names), names
 
 
 def _gate_reached_at(rd: str, n: int) -> bool:

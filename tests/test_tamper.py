@@ -415,6 +415,20 @@ def files_blob_replaced(c: Copy) -> str:
     return "does not match its hash"
 
 
+def checkpoint_file_planted(c: Copy) -> str:
+    """A local store once held the checkpoint directory itself, as plain files no seal
+    covered: a pickle put there ran code when the notebook loaded it (issue 31). Now no
+    plain file under files/ is used: it is refused by name."""
+    c.write("files/ck.txt", pickle.dumps(Evil()))
+    return "files/ck.txt is not a sealed checkpoint manifest"
+
+
+def checkpoint_link_planted(c: Copy) -> str:
+    """A link in the old checkpoint folder sent the notebook's writes out of the store."""
+    os.symlink(f"/tmp/{CANARY}-{os.getpid()}", c.store.path("files/ck.txt"))
+    return "files/ck.txt is not a sealed checkpoint manifest"
+
+
 def symlinked_records(c: Copy) -> str:
     path = Path(c.store.path("cells/a0001.jsonl"))
     elsewhere = path.parent.parent / "elsewhere.jsonl"
@@ -473,9 +487,11 @@ ATTACKS: dict[str, tuple[Callable[[Copy], str], tuple[str, ...], bool]] = {
     "attempt forged": (attempt_forged, ("local", "s3"), True),
     "attempt truncated": (attempt_truncated, ("local", "s3"), True),
     "attempt of another run": (attempt_from_other_run, ("local", "s3"), True),
-    "checkpoint path escapes": (files_manifest_escapes, ("s3",), True),
-    "checkpoint path escapes, signed": (files_manifest_escapes_signed, ("s3",), True),
-    "checkpoint blob replaced": (files_blob_replaced, ("s3",), False),
+    "checkpoint path escapes": (files_manifest_escapes, ("local", "s3"), True),
+    "checkpoint path escapes, signed": (files_manifest_escapes_signed, ("local", "s3"), True),
+    "checkpoint blob replaced": (files_blob_replaced, ("local", "s3"), False),
+    "checkpoint file planted in the store": (checkpoint_file_planted, ("local", "s3"), True),
+    "checkpoint link planted in the store": (checkpoint_link_planted, ("local",), True),
     "symlinked records": (symlinked_records, ("local",), True),
     "symlinked blob": (symlinked_blob, ("local",), True),
     "symlinked state": (symlinked_state, ("local",), True),
@@ -518,8 +534,8 @@ def test_untampered_copy_resumes(template: Template, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(RunStore(copy.url).read("output.ipynb") or b"")
     assert "".join(out["cells"][-1]["outputs"][0]["text"]).strip() == "242"
-    if template.kind == "s3":  # the checkpoint file came back from the store
-        assert "ck.txt" in json.dumps(RunStore(copy.url).files_manifest())
+    # the checkpoint file came back from the store's sealed manifest, local or not
+    assert "ck.txt" in json.dumps(RunStore(copy.url).files_manifest())
 
 
 def test_wrong_key_is_named(template: Template, tmp_path: Path) -> None:

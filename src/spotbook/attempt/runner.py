@@ -15,7 +15,7 @@ owner of its own, which the runner holds:
 - :class:`.snapshots.Snapshots` — the snapshot policy, taking and loading snapshots
 - :class:`.restore.Restorer` — rebuilding the state of a resumed run
 - :class:`.notice.Notice` — the termination notice, signals and the exit watchdog
-- :class:`.files_sync.FilesSync` — the checkpoint directory of an object store
+- :class:`.files_sync.FilesSync` — the checkpoint directory, synced to the store
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class Runner:
         self.tmp = ""  # the attempt's private directory: notice file, staged blobs
         self._mark = -1  # the open file that says this process runs the attempt
         self._deadline: float | None = None  # --timeout, on the monotonic clock
-        self._files: FilesSync | None = None  # object stores: the synced checkpoint dir
+        self._files: FilesSync | None = None  # the synced checkpoint dir
         self._files_manifest: dict[str, Any] | None = None
         self._kernel_env: dict[str, str] = {}
         self._undone: list[str] = []  # files given back to the cell that runs again
@@ -213,7 +213,7 @@ class Runner:
             )
         check_kernel(self.spec.kernel_name)  # not an attempt: bad input (exit 2)
         self.snapshots.usable = self.snapshots.find_usable(start)
-        self._files_manifest = None if self.store.local else self.store.files_manifest()
+        self._files_manifest = self.store.files_manifest()
 
     def _run_tmp(self) -> str | None:
         """The run's own temporary directory, at the same path in every attempt (so a
@@ -306,22 +306,19 @@ class Runner:
         if limits.run_timeout is not None:
             budget = limits.run_timeout - journal.elapsed_before()
             self._deadline = time.monotonic() + max(budget, 0.0)
-        # Local stores hold the checkpoint directory itself, so it survives a kill;
-        # object stores get a local directory that is synced (see files_sync).
-        local = self.store.local
         run_tmp = self._run_tmp_dir = self._run_tmp()
-        # the checkpoint directory: the local store's own; for an object store, a local
-        # directory at the same path in every attempt (a path a cell kept still works),
-        # emptied and filled from the store's newest manifest
-        checkpoint = self.store.path("files") if local else self._stable_checkpoint_dir()
+        # the checkpoint directory: a private local directory at the same path in every
+        # attempt (a path a cell kept still works), emptied and filled from the store's
+        # newest sealed manifest, and synced back (files_sync). A local store is no
+        # exception: a folder of plain files in the store could be changed by its writer
+        # between two attempts, unseen (issue 31)
+        checkpoint = self._stable_checkpoint_dir()
         make_private_dirs(checkpoint)
         await asyncio.to_thread(self._prepare_files, checkpoint, run_tmp)
-        files_restored: asyncio.Future[int] | None = None
-        if not local:
-            files = CheckpointDir(self.store, checkpoint, journal.attempt)
-            self._files = FilesSync(files, journal, limits.checkpoint_interval)
-            # fetched while the kernel starts; the first cell waits for it
-            files_restored = asyncio.ensure_future(self._files.restore(self._files_manifest))
+        files = CheckpointDir(self.store, checkpoint, journal.attempt)
+        self._files = FilesSync(files, journal, limits.checkpoint_interval)
+        # fetched while the kernel starts; the first cell waits for it
+        files_restored = asyncio.ensure_future(self._files.restore(self._files_manifest))
         self._kernel_env = kernel_env(
             {
                 "SPOTBOOK_RUN_DIR": self.store.url,
@@ -338,7 +335,7 @@ class Runner:
             await self.start_kernel(start)
             assert self.session is not None
             journal.attempt_rec["kernel_start_seconds"] = round(time.monotonic() - started, 3)
-            if files_restored is not None and self._files is not None:
+            if self._files is not None:
                 journal.attempt_rec["checkpoint_restored_bytes"] = await files_restored
                 journal.attempt_rec["checkpoint_ready_seconds"] = round(
                     time.monotonic() - started, 3

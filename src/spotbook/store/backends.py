@@ -157,7 +157,7 @@ class Backend:
         return 0
 
     def discard_dir(self, path: str) -> None:
-        """Remove a directory the store keeps outside its records (local stores)."""
+        """Remove a folder of the store and all it holds (``files/`` at a --restart)."""
 
     # -- errors and retries ------------------------------------------------------------
     def op(self, op: Callable[[], T], what: str) -> T:
@@ -457,6 +457,13 @@ class ObjectBackend(Backend):
     def names(self, path: str, what: str) -> list[str]:
         found = self.op(lambda: self.fs.ls(path, detail=False), what)
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+
+    def discard_dir(self, path: str) -> None:
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=True)
+
+        self.write_op(rm, f"remove {path}")
 
 
 def backend_for(url: str, fs: Any, root: str) -> Backend:

@@ -1,9 +1,11 @@
-"""The notebook's checkpoint directory, kept in an object-store run store.
+"""The notebook's checkpoint directory, kept in the run store.
 
-On a local store the directory *is* ``files/`` in the store, so it survives a kill
-as it is. On an object store the kernel writes to a local directory and the runner
-syncs it: before the run continues (download), every ``--checkpoint-interval``
-seconds while cells run, and after a termination notice (upload).
+The kernel writes to a private local directory and the runner syncs it: before the run
+continues (download), after a cell that wrote into it (before its record), every
+``--checkpoint-interval`` seconds while cells run, and after a termination notice
+(upload). A local store is kept the same way as an object store: a folder of plain files
+in the store could be changed by whoever can write the store, between two attempts, and
+nothing would notice.
 
 A sync uploads each changed file once, content-addressed (``state/blobs/SHA256``,
 shared with kernel-state blobs), then writes a manifest

@@ -588,8 +588,9 @@ class RunStore:
         self.backend.delete_all()
 
     def discard_checkpoint_files(self) -> None:
-        """After --restart: a local store's checkpoint directory starts empty (object
-        stores' manifests from before the restart are ignored by ``files_manifest``)."""
+        """After --restart: the checkpoint manifests go (``files_manifest`` would ignore
+        the old run's anyway), and with them anything else left under ``files/``, which
+        ``files_manifest`` refuses."""
         self.backend.discard_dir(self.path("files"))
 
     def remove_partials(self) -> int:
@@ -882,7 +883,19 @@ class RunStore:
         restart = self.restart_point()
         for name in self.names("files"):
             m = _FILES_RE.match(name)
-            if m and int(m.group(1)) >= restart:
+            if m is None:
+                # the checkpoint directory is never kept as plain files in the store (the
+                # runs of spotbook before issue 31 kept a local store's there, unsealed):
+                # whatever is here unsealed is not used, and not silently left out
+                raise StoreIntegrityError(
+                    f"{self.url}/files/{name} is not a sealed checkpoint manifest; it was "
+                    "not used. A run store keeps the checkpoint directory as sealed "
+                    "manifests (files/aNNNN-NNNNNN.json) and blobs; a plain file here was "
+                    "put by someone else, or by a spotbook older than this one. Inspect "
+                    "it; to discard the run's progress and start over, run `spotbook run "
+                    "NOTEBOOK --run-dir ... --restart`"
+                )
+            if int(m.group(1)) >= restart:
                 key = (int(m.group(1)), int(m.group(2)))
                 best = key if best is None or key > best else best
         if best is None:
