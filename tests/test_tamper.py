@@ -538,6 +538,23 @@ def test_untampered_copy_resumes(template: Template, tmp_path: Path) -> None:
     assert "ck.txt" in json.dumps(RunStore(copy.url).files_manifest())
 
 
+def test_logs_show_a_cut_output_whole_and_refuse_a_changed_one(
+    template: Template, tmp_path: Path
+) -> None:
+    """The text a cell printed past --max-output-bytes is in the store whole; its hash is
+    in the cell's sealed record. `spotbook logs` shows it as printed, and refuses it
+    (exit 2, by name) once someone without the key changed it."""
+    copy = Copy(template, f"spill-{tmp_path.name}", tmp_path)
+    r = cli("logs", copy.url, cwd=tmp_path, env=template.env)
+    assert r.returncode == 0, r.stderr
+    assert "y" * 3000 in r.stdout and "characters omitted" not in r.stdout
+    rel = copy.store.cell_records()[2]["spilled"]["path"]
+    copy.write(rel, b"z" * 3000)
+    r = cli("logs", copy.url, cwd=tmp_path, env=template.env)
+    assert r.returncode == 2 and rel in r.stderr and "does not match" in r.stderr, r.stderr
+    assert "z" * 100 not in r.stdout and "Traceback" not in r.stderr
+
+
 def test_wrong_key_is_named(template: Template, tmp_path: Path) -> None:
     copy = Copy(template, f"key-{tmp_path.name}", tmp_path)
     env = {**template.env, "SPOTBOOK_SNAPSHOT_KEY": "not the run's key, " * 2}

@@ -408,9 +408,19 @@ def run_outputs(run: str | RunStore, follow: bool = False) -> Iterator[tuple[str
         for index in sorted(i for i in records if i > shown):
             record = records[index]
             yield CELL_START, {"index": index}
+            # text cut at --max-output-bytes is shown whole, as the cell printed it (read
+            # from the store and checked against its sealed record), where its first
+            # stream output was
+            full = store.spilled_text(record)
             for out in record.get("outputs") or []:
-                if isinstance(out, dict):
-                    yield str(out.get("output_type", "")), out
+                if not isinstance(out, dict):
+                    continue
+                if full is not None and out.get("output_type") == "stream":
+                    if full:
+                        yield "stream", {"output_type": "stream", "name": "stdout", "text": full}
+                    full = ""
+                    continue
+                yield str(out.get("output_type", "")), out
             yield CELL_END, {"index": index}
             shown = index
         if not follow:

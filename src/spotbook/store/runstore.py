@@ -35,6 +35,7 @@ with a key the store never holds. A local store's files are 0600 and its directo
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -761,6 +762,38 @@ class RunStore:
             for n in range(1, first):
                 bound[n] = bound[first]
         return bound
+
+    def spilled_text(self, record: dict[str, Any]) -> str | None:
+        """The whole text a cell printed past --max-output-bytes (its record keeps the
+        head and tail), checked against the hash its sealed record holds; None when
+        nothing was cut."""
+        spilled = record.get("spilled")
+        if not spilled:
+            return None
+        index = record.get("index")
+        rel = spilled.get("path") if isinstance(spilled, dict) else None
+        digest = spilled.get("sha256") if isinstance(spilled, dict) else None
+        place = f"cells/ (cell {index})"
+        # where the runner puts a cell's cut output (by the attempt that cut it), whatever
+        # else the record says: a path is data
+        if not (
+            isinstance(index, int)
+            and isinstance(rel, str)
+            and re.fullmatch(rf"outputs/{index:05d}-a\d{{4}}\.txt", rel)
+            and isinstance(digest, str)
+            and _DIGEST_RE.match(digest)
+        ):
+            raise StoreIntegrityError(
+                f"{self.url}/{place} names its cut output as {rel!r}, not where the runner "
+                "writes it; it was not read"
+            )
+        data = self.read(rel)
+        if data is None or hashlib.sha256(data).hexdigest() != digest:
+            why = "is missing" if data is None else "does not match the hash in its sealed record"
+            if self.seal is not None:
+                raise self.seal.refuse(rel, why)
+            raise StoreIntegrityError(f"{self.url}/{rel} {why}; it was not used")
+        return data.decode("utf-8", "replace")
 
     def cell_records(self) -> dict[int, dict[str, Any]]:
         """The record that counts for each finished cell."""
