@@ -29,7 +29,7 @@ import pytest
 from spotbook.store.integrity import Key, Seal, load_key, safe_relpath
 from spotbook.store.runstore import RunStore
 
-from .conftest import cli, start_cli, wait_for, write_notebook
+from .conftest import Place, cli, on, start_cli, wait_for, write_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -726,51 +726,54 @@ def test_a_run_written_by_the_previous_format_is_refused_unless_trusted(tmp_path
     assert r.returncode == 2 and "nothing to trust" in r.stderr, r.stderr
 
 
-def test_a_restart_cannot_be_undone_by_deleting_what_it_wrote(tmp_path: Path) -> None:
+@on("local", "s3")
+def test_a_restart_cannot_be_undone_by_deleting_what_it_wrote(place: Place, work: Path) -> None:
     """A run, then --restart with another value; a writer of the store deletes what the
     restart wrote (its attempts and records). The old run's objects still carry valid
     seals, but of the old run's id: the resume refuses them, never resuming the old run
     under the new one's name (it once exited 0 with the old value)."""
     write_notebook(
-        tmp_path / "t.ipynb",
+        work / "t.ipynb",
         "import os\nlr = os.environ['LR']",
         "assert os.path.exists('go')",
         "print('lr', lr)",
     )
-    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path, env={"LR": "0.5"})
+    argv = ("run", "t.ipynb", "out.ipynb", "--run-dir", place.rd)
+    r = cli(*argv, cwd=work, env={**place.env, "LR": "0.5"})
     assert r.returncode == 1, r.stderr
-    old_id = RunStore(str(tmp_path / "rd")).require_run()["spec"]["run_id"]
-    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--restart", cwd=tmp_path,
-            env={"LR": "0.1"})  # fmt: skip
+    old_id = place.store().require_run()["spec"]["run_id"]
+    r = cli(*argv, "--restart", cwd=work, env={**place.env, "LR": "0.1"})
     assert r.returncode == 1, r.stderr
-    assert RunStore(str(tmp_path / "rd")).require_run()["spec"]["run_id"] != old_id
-    for p in [*(tmp_path / "rd" / "attempts").iterdir(), *(tmp_path / "rd" / "cells").iterdir()]:
-        if not p.name.startswith(("0001", "a0001")):
-            p.unlink()  # the restart's attempts and records
-    (tmp_path / "go").write_text("")
-    r = cli("resume", "rd", cwd=tmp_path, env={"LR": "0.1"})
+    store = place.store()
+    assert store.require_run()["spec"]["run_id"] != old_id
+    for folder in ("attempts", "cells"):
+        for name in store.names(folder):
+            if not name.startswith(("0001", "a0001")):  # the restart's attempts and records
+                store.fs.rm(store.path(f"{folder}/{name}"))
+    (work / "go").write_text("")
+    r = cli("resume", place.rd, cwd=work, env={**place.env, "LR": "0.1"})
     assert r.returncode == 2, r.stderr
     assert "attempts/0001.json" in r.stderr, r.stderr
-    assert (
-        not (tmp_path / "out.ipynb").exists()
-        or "lr 0.5" not in (tmp_path / "out.ipynb").read_text()
-    )
+    assert not (work / "out.ipynb").exists() or "lr 0.5" not in (work / "out.ipynb").read_text()
 
 
-def test_an_older_run_json_put_back_is_refused(tmp_path: Path) -> None:
+@on("local", "s3")
+def test_an_older_run_json_put_back_is_refused(place: Place, work: Path) -> None:
     """The same command again with --strict-resume re-seals run.json; a writer puts back
     the one from before (a valid seal, of this run) to drop the flag. Every attempt since
     carries the newer run.json's generation: the resume refuses the older one."""
-    write_notebook(tmp_path / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
-    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path)
+    write_notebook(work / "t.ipynb", "x = 1", "import os\nassert os.path.exists('go')")
+    argv = ("run", "t.ipynb", "out.ipynb", "--run-dir", place.rd)
+    r = cli(*argv, cwd=work, env=place.env)
     assert r.returncode == 1, r.stderr
-    older = (tmp_path / "rd" / "run.json").read_bytes()
-    r = cli("run", "t.ipynb", "out.ipynb", "--run-dir", "rd", "--strict-resume", cwd=tmp_path)
+    older = place.store().read("run.json")
+    assert older is not None
+    r = cli(*argv, "--strict-resume", cwd=work, env=place.env)
     assert r.returncode == 1, r.stderr
-    assert json.loads((tmp_path / "rd" / "run.json").read_text())["spec"]["strict_resume"]
-    (tmp_path / "rd" / "run.json").write_bytes(older)
-    (tmp_path / "go").write_text("")
-    r = cli("resume", "rd", cwd=tmp_path)
+    assert place.store().require_run()["spec"]["strict_resume"]
+    place.store().write("run.json", older)
+    (work / "go").write_text("")
+    r = cli("resume", place.rd, cwd=work, env=place.env)
     assert r.returncode == 2, r.stderr
     assert "run.json is older than" in r.stderr and "put back" in r.stderr, r.stderr
 
