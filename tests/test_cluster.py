@@ -309,8 +309,8 @@ def test_a_changed_or_moved_job_record_is_refused_before_the_cluster_is_touched(
     """job.json says where the Job is and how to make it again (the fallback recreates it
     with the user's credentials): a writer of the store who changes it (another image,
     service account, namespace) or puts another run's there gets exit 2 naming it from
-    `wait`, `cancel`, `logs` and `status`, and the cluster is neither asked to delete nor
-    to create anything."""
+    `wait`, `cancel`, `logs`, `status`, `drill` and `recover`, and the cluster is neither
+    asked to delete nor to create anything."""
     rd, other = f"file://{work}/runs/a", f"file://{work}/runs/b"
     for where in (rd, other):
         r = cli(*submit_args(where, "--fallback-after-preemptions", "1"), cwd=work, env=kube.env)
@@ -327,7 +327,8 @@ def test_a_changed_or_moved_job_record_is_refused_before_the_cluster_is_touched(
     for forged in (changed, moved):
         record.write_bytes(forged)
         before = len(kube.state()["requests"])
-        for argv in (["wait", rd], ["cancel", rd], ["logs", rd], ["status", rd]):
+        for argv in (["wait", rd], ["cancel", rd], ["logs", rd], ["status", rd],
+                     ["drill", rd], ["recover", rd]):  # fmt: skip
             r = cli(*argv, cwd=work, env=kube.env)
             assert r.returncode == 2, (argv, r.stderr)
             assert "job.json" in r.stderr and "integrity check" in r.stderr, (argv, r.stderr)
