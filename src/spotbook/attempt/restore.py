@@ -95,8 +95,7 @@ class Restorer:
         kinds: dict[str, str] = {}
         try:
             if doc is not None:
-                if not run.store.local:
-                    await run.race(asyncio.to_thread(snaps.download, doc), grace=0.0, index=start)
+                await run.race(asyncio.to_thread(snaps.download, doc), grace=0.0, index=start)
                 env_failed = json.loads(
                     await session.evaluate(
                         f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"

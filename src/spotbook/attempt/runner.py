@@ -258,8 +258,7 @@ class Runner:
         # never the runner's own files: its private directory (staged blobs, the notice),
         # the checkpoint directory, OUTPUT, a local store
         skip = [self.tmp, checkpoint, os.path.abspath(spec.output) if spec.output else ""]
-        if self.store.local:
-            skip.append(self.store.path(""))
+        skip.append(self.store.local_root() or "")
         workdir = os.path.abspath(spec.cwd or os.getcwd())
         files = RunFiles(
             [workdir, *([run_tmp] if run_tmp else [])],
@@ -268,6 +267,8 @@ class Runner:
         )
         doc = (self.snapshots.usable or {}).get("files")
         if doc:
+            # a local store's blob is hashed and copied in one pass (run_files), else
+            # fetched, then hashed
             if self.store.local:
                 fetch = copy_blob(self.store.path("state/blobs"))
             else:

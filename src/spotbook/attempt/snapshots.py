@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
-_TRANSFERS = 8  # object stores: concurrent blob transfers
 # staged snapshots (no fork) for every kernel, not only those that must not fork: for a
 # machine where a fork's copy-on-write memory is not to be risked, and for the tests
 STAGED_ENV = "SPOTBOOK_SNAPSHOT_STAGED"
@@ -156,12 +154,7 @@ class Snapshots:
     def blob_dir(self) -> str:
         """Where the kernel reads and writes blobs: the store's own directory on a local
         disk, else a staging directory the runner uploads from and downloads into."""
-        store = self.run.store
-        if store.local:
-            return store.path("state/blobs")
-        path = os.path.join(self.run.tmp, "blobs")
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        return path
+        return self.run.store.blob_dir(os.path.join(self.run.tmp, "blobs"))
 
     # -- taking one ------------------------------------------------------------------
     async def due(self, duration: float) -> bool:
@@ -265,12 +258,11 @@ class Snapshots:
         files = await self._capture_files(index)
         if files is not None:
             manifest["files"] = await files
-        if not run.store.local:
-            await run.race(
-                asyncio.to_thread(self._upload, self._needed(manifest)),
-                grace=run.grace,
-                index=index,
-            )
+        await run.race(
+            asyncio.to_thread(self._upload, self._needed(manifest)),
+            grace=run.grace,
+            index=index,
+        )
         cost = time.monotonic() - m0
         # The first snapshot of an attempt also pays for warming the snapshot code in
         # the kernel; the policy wants what the next one will cost.
@@ -427,8 +419,7 @@ class Snapshots:
                 return
             if p.files is not None:
                 found["files"] = await p.files
-            if not self.run.store.local:
-                await asyncio.to_thread(self._upload, self._needed(found))
+            await asyncio.to_thread(self._upload, self._needed(found))
             # what the notebook paid: the pause, and the copy's share of the CPUs it
             # took from the machine while the cells went on
             cost = p.pause + float(found.get("cpu_seconds") or 0.0) / max(
@@ -540,18 +531,8 @@ class Snapshots:
         return [*manifest["new_blobs"], stream["stream"], *stream["buffers"], *digests]
 
     def _upload(self, digests: list[str]) -> None:
-        """Object stores: send the blobs the kernel staged that the store lacks."""
-        store = self.run.store
-        todo = [d for d in dict.fromkeys(digests) if d not in self._uploaded]
-
-        def one(digest: str) -> None:
-            rel = store.blob_path(digest)
-            if not store.exists(rel):
-                store.put_file(os.path.join(self.blob_dir(), digest), rel)
-            self._uploaded.add(digest)
-
-        with ThreadPoolExecutor(_TRANSFERS) as pool:
-            list(pool.map(one, todo))
+        """Send the blobs the kernel staged that the store lacks (none on a local store)."""
+        self.run.store.send_blobs(self.blob_dir(), digests, self._uploaded)
 
     # -- loading one ------------------------------------------------------------------
     def find_usable(self, start: int) -> dict[str, Any] | None:
@@ -575,21 +556,11 @@ class Snapshots:
         return doc
 
     def download(self, doc: dict[str, Any]) -> None:
-        """Object stores: fetch a snapshot's blobs into the staging directory."""
-        store = self.run.store
+        """Fetch a snapshot's blobs where the kernel reads them (nothing to do on a local
+        store)."""
         stream = doc["stream"]
-        digests = list(dict.fromkeys([stream["stream"], *stream["buffers"], doc["imports"]]))
-        staging = self.blob_dir()
-
-        def one(digest: str) -> None:
-            local = os.path.join(staging, digest)
-            if not os.path.exists(local):
-                store.get_file(store.blob_path(digest), local + ".part")
-                os.replace(local + ".part", local)
-            self._uploaded.add(digest)
-
-        with ThreadPoolExecutor(_TRANSFERS) as pool:
-            list(pool.map(one, digests))
+        digests = [stream["stream"], *stream["buffers"], doc["imports"]]
+        self.run.store.fetch_blobs(self.blob_dir(), digests, self._uploaded)
 
     async def kernel_call(self, code: str, index: int) -> Any:
         session = self.run.session

@@ -44,6 +44,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -81,6 +82,7 @@ SWEEP_FILE = "sweep.json"  # a sweep's points and options (at the sweep's root)
 # to a few megabytes; an attempt's records file holds every cell's outputs (images too).
 DOC_LIMIT = 64 << 20
 RECORDS_LIMIT = 1 << 30
+_TRANSFERS = 8  # object stores: concurrent blob transfers
 CANCELLED = "cancelled.json"  # the user cancelled the run
 _CELL_RE = re.compile(r"^(\d{5})-a(\d{4})\.json$")
 _ATTEMPT_RE = re.compile(r"^(\d{4})\.json$")
@@ -381,6 +383,53 @@ class RunStore:
     def get_file(self, rel: str, local: str) -> None:
         """Download ``rel`` to a local file (streamed)."""
         self.backend.get_file(self.path(rel), local, f"download {rel}")
+
+    # -- blobs the kernel reads and writes ----------------------------------------------
+    def blob_dir(self, staging: str) -> str:
+        """Where the kernel reads and writes blobs: a local store's own folder (nothing
+        to send), else ``staging``, a private folder the runner sends from
+        (:meth:`send_blobs`) and fetches into (:meth:`fetch_blobs`)."""
+        if self.local:
+            return self.path("state/blobs")
+        os.makedirs(staging, mode=0o700, exist_ok=True)
+        return staging
+
+    def send_blobs(self, staging: str, digests: list[str], sent: set[str]) -> None:
+        """Put the blobs the kernel wrote into ``staging`` that the store lacks (a local
+        store's kernel wrote them in place); ``sent`` grows by each one the store holds."""
+        if self.local:
+            return
+        todo = [d for d in dict.fromkeys(digests) if d not in sent]
+
+        def one(digest: str) -> None:
+            rel = self.blob_path(digest)
+            if not self.exists(rel):
+                self.put_file(os.path.join(staging, digest), rel)
+            sent.add(digest)
+
+        with ThreadPoolExecutor(_TRANSFERS) as pool:
+            list(pool.map(one, todo))
+
+    def fetch_blobs(self, staging: str, digests: list[str], got: set[str]) -> None:
+        """Bring the blobs into ``staging`` for the kernel (a local store's are read in
+        place); the kernel checks each against its sealed hash before it is used."""
+        if self.local:
+            return
+
+        def one(digest: str) -> None:
+            local = os.path.join(staging, digest)
+            if not os.path.exists(local):
+                self.get_file(self.blob_path(digest), local + ".part")
+                os.replace(local + ".part", local)
+            got.add(digest)
+
+        with ThreadPoolExecutor(_TRANSFERS) as pool:
+            list(pool.map(one, list(dict.fromkeys(digests))))
+
+    def local_root(self) -> str | None:
+        """The store's folder on this machine, or None for an object store: what the
+        run's own files never include."""
+        return self.path("") if self.local else None
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write(rel, json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode())
