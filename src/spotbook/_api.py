@@ -310,7 +310,7 @@ def prepare_run(
         # Only a run whose seal holds is continued: re-sealing must not vouch for
         # what someone without the key wrote.
         existing = store.unseal(strict=strict_resume)
-        old = RunSpec.from_json(existing["spec"])
+        old = RunSpec.from_json(existing["spec"], f"{url}/run.json")
         if old.input_sha256 != spec.input_sha256:
             raise InputChangedError(
                 f"{url} holds run {old.run_id} of a different notebook or parameters "

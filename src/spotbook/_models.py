@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypedDict
 
-from ._errors import UsageError
+from ._errors import StoreIntegrityError, UsageError
 
 __version__ = "0.1.0"  # pyproject.toml's version
 
@@ -424,7 +424,20 @@ class RunSpec:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunSpec:
+    def from_json(cls, data: dict[str, Any], where: str = "run.json") -> RunSpec:
+        """The spec run.json holds; StoreIntegrityError (exit 2) naming ``where`` for one
+        that is not a spec (a field missing or of another type), never a traceback."""
+        try:
+            return cls._from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)[:200]
+            raise StoreIntegrityError(
+                f"{where} holds a run spec spotbook cannot read ({what}); it was not used. "
+                "Inspect the store, or start the run over with `spotbook run ... --restart`"
+            ) from None
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any]) -> RunSpec:
         known = {f.name for f in fields(SnapshotPolicy)}
         # (run.json of older versions may carry settings since retired, e.g. cost_ratio)
         snap = {k: v for k, v in (data.get("snapshot") or {}).items() if k in known}

@@ -79,7 +79,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
     ``cluster``, and its pods' scheduling times into the downtime report.
     """
     run = store.require_run()
-    spec = RunSpec.from_json(run["spec"])
+    spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
     raw = store.read("input.ipynb")
     try:
         cells = nbs.load_frozen(raw).cells if raw else []

@@ -103,7 +103,7 @@ class Runner:
             (store.read_json("run.json") or {}).get("spec", {}).get("strict_resume")
         )
         run = store.unseal(strict=strict)
-        self.spec = RunSpec.from_json(run["spec"])
+        self.spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
         raw = store.read("input.ipynb")
         assert store.seal is not None
         if raw is None or not store.input_matches(run, raw):
