@@ -26,19 +26,20 @@ from typing import Any
 
 ALARM = 30  # seconds one command may take before it counts as hung
 
-Mutation = Callable[[Path, random.Random], None]
+Mutation = Callable[[Path, random.Random], str | None]  # what it changed, if it says
 
 
-def _json_field(path: Path, rng: random.Random) -> None:
+def _json_field(path: Path, rng: random.Random) -> str | None:
     """One field of a JSON document (or of a line of a JSON Lines file) given a value
-    of another type or an odd one."""
+    of another type or an odd one; returns the top-level field it is in."""
     text = path.read_text()
     lines = text.splitlines() if path.suffix == ".jsonl" else [text]
     at = rng.randrange(len(lines))
     doc = json.loads(lines[at])
-    holder = doc
+    holder, top = doc, None
     while isinstance(holder, dict) and holder:  # a field of the top or of a nested dict
         key = rng.choice(sorted(holder))
+        top = key if top is None else top
         if not isinstance(holder[key], dict) or rng.random() < 0.5:
             break
         holder = holder[key]
@@ -48,6 +49,7 @@ def _json_field(path: Path, rng: random.Random) -> None:
         )
     lines[at] = json.dumps(doc)  # a lone surrogate is written escaped, as JSON allows
     path.write_text("\n".join(lines) + ("\n" if path.suffix == ".jsonl" else ""))
+    return top
 
 
 def _field_named(key: str) -> Mutation:
@@ -184,12 +186,15 @@ def main() -> None:
         rd = case / "rd"
         shutil.copytree(template, rd, symlinks=True)
         os.chmod(case, 0o700)
-        mutate(rd / rel, rng)
+        changed = mutate(rd / rel, rng)
+        # a random field is named by the top-level field it is in, as "field spec" is:
+        # run.json's status, message, attempt and time are outside the seal
+        named = f"{name} {changed}" if name == "field" and changed else name
         for argv in commands(rd, case):
             if only and argv[0] not in only:
                 continue
             row = run_command(argv)
-            print(json.dumps({"object": str(rel), "mutation": name, "argv": argv[0:1], **row}))
+            print(json.dumps({"object": str(rel), "mutation": named, "argv": argv[0:1], **row}))
             sys.stdout.flush()
         shutil.rmtree(case, ignore_errors=True)
 
