@@ -309,6 +309,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         )
     print(
         "(simulated: for the same times, at the median start this machine showed; billed: "
-        "at its fastest and slowest start, restore and finish)"
+        "at its fastest and slowest start, restore and finish, the snapshots where auto "
+        "would place them and where the runs took them)"
     )
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import random
@@ -219,7 +220,8 @@ def _band(
     stores: list[RunStore],
 ) -> tuple[float, float]:
     """The simulator's billed seconds for ``strategy`` at the fastest and at the slowest
-    start, restore and finish seen in the attempts of ``stores``."""
+    start, restore and finish seen in the attempts of ``stores``,
+    with the snapshots where auto would place them and where the runs placed them."""
     restores: list[float] = []
     finishes: list[float] = []
     for store in stores:
@@ -239,17 +241,42 @@ def _band(
             restore_seconds=pick([profile.restore_seconds, *restores]),
             finish_seconds=pick([profile.finish_seconds, *finishes]),
         )
-        resume = strategy == "resume"
-        est = simulate(
-            p,
-            strategy,
-            interval=auto_interval(p, rate) if resume else None,
-            first_interval=p.first_snapshot_after if resume else None,
-            delay=delay,
-            trace=times,
-        )
-        out.append(est.cost_ratio * (p.start_seconds + p.compute))
+        # where the snapshots fall: as auto would place them for this profile, and as
+        # the resumed run's own auto placed them (it measured its snapshots' cost on a
+        # machine that may have been faster or slower than the baseline's)
+        policies: list[tuple[float | None, float | None]] = [(None, None)]
+        if strategy == "resume":
+            policies = [(auto_interval(p, rate), p.first_snapshot_after)]
+            policies += [x for x in (_snapshot_points(st) for st in stores) if x]
+        for interval, first in policies:
+            est = simulate(
+                p,
+                strategy,
+                interval=interval,
+                first_interval=first,
+                delay=delay,
+                trace=times,
+            )
+            out.append(est.cost_ratio * (p.start_seconds + p.compute))
     return min(out), max(out)
+
+
+def _snapshot_points(store: RunStore) -> tuple[float, float] | None:
+    """The compute between a run's snapshots, as it took them: the interval (the median
+    between two) and the compute before the first; None where it took none."""
+    if not store.exists("run.json"):
+        return None
+    taken = sorted(store.snapshot_keys())
+    if not taken:
+        return None
+    durations = {i: float(r.get("duration") or 0.0) for i, r in store.cell_records().items()}
+
+    def upto(n: int) -> float:
+        return sum(d for i, d in durations.items() if i <= n)
+
+    first = upto(taken[0])
+    gaps = [upto(b) - upto(a) for a, b in itertools.pairwise(taken)]
+    return (statistics.median(gaps) if gaps else first), first
 
 
 def _fresh_starts(store: RunStore) -> list[float]:
