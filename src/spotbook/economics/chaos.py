@@ -206,8 +206,36 @@ def chaos(
         for s in strategies
     }
     stores = [RunStore(base_dir), *(RunStore(str(root / s)) for s in strategies)]
-    band = {s: _band(profile, s, rate, delay, times, starts, stores) for s in strategies}
+    seen = _observed(stores)  # read once, for every strategy's band
+    band = {s: _band(profile, s, rate, delay, times, starts, seen) for s in strategies}
     return ChaosReport(baseline, profile, times, delay, signal, runs, predicted, band)
+
+
+@dataclass
+class _Seen:
+    """What the runs' attempts showed of this machine: restore and finish times, and
+    where each run's snapshots fell (interval, compute before the first)."""
+
+    restores: list[float]
+    finishes: list[float]
+    taken: list[tuple[float, float]]
+
+
+def _observed(stores: list[RunStore]) -> _Seen:
+    seen = _Seen([], [], [])
+    for store in stores:
+        if not store.exists("run.json"):
+            continue
+        attempts = describe(store)["attempts"]
+        seen.restores += [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
+        ends = [float(r.get("end") or 0.0) for r in store.cell_records().values()]
+        last = attempts[-1] if attempts else {}
+        if ends and last.get("ended") and last.get("outcome") == Outcome.COMPLETED:
+            seen.finishes.append(max(float(last["ended"]) - max(ends), 0.0))
+        points = _snapshot_points(store)
+        if points:
+            seen.taken.append(points)
+    return seen
 
 
 def _band(
@@ -217,22 +245,14 @@ def _band(
     delay: float,
     times: list[float],
     starts: list[float],
-    stores: list[RunStore],
+    seen: _Seen,
 ) -> tuple[float, float]:
     """The simulator's billed seconds for ``strategy`` at the fastest and at the slowest
-    start, restore and finish seen in the attempts of ``stores``,
-    with the snapshots where auto would place them and where the runs placed them."""
-    restores: list[float] = []
-    finishes: list[float] = []
-    for store in stores:
-        if not store.exists("run.json"):
-            continue
-        attempts = describe(store)["attempts"]
-        restores += [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
-        ends = [float(r.get("end") or 0.0) for r in store.cell_records().values()]
-        last = attempts[-1] if attempts else {}
-        if ends and last.get("ended") and last.get("outcome") == Outcome.COMPLETED:
-            finishes.append(max(float(last["ended"]) - max(ends), 0.0))
+    start, restore and finish the runs met, with the snapshots where auto would place
+    them for the profile and where each run's own auto placed them (it measured its
+    snapshots' cost on a machine that may have been faster or slower than the
+    baseline's)."""
+    restores, finishes, taken = seen.restores, seen.finishes, seen.taken
     out = []
     for pick in (min, max):
         p = dataclasses.replace(
@@ -241,13 +261,9 @@ def _band(
             restore_seconds=pick([profile.restore_seconds, *restores]),
             finish_seconds=pick([profile.finish_seconds, *finishes]),
         )
-        # where the snapshots fall: as auto would place them for this profile, and as
-        # the resumed run's own auto placed them (it measured its snapshots' cost on a
-        # machine that may have been faster or slower than the baseline's)
         policies: list[tuple[float | None, float | None]] = [(None, None)]
         if strategy == "resume":
-            policies = [(auto_interval(p, rate), p.first_snapshot_after)]
-            policies += [x for x in (_snapshot_points(st) for st in stores) if x]
+            policies = [(auto_interval(p, rate), p.first_snapshot_after), *taken]
         for interval, first in policies:
             est = simulate(
                 p,

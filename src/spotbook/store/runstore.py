@@ -35,7 +35,6 @@ with a key the store never holds. A local store's files are 0600 and its directo
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -837,7 +836,7 @@ class RunStore:
                 "writes it; it was not read"
             )
         data = self.read(rel)
-        if data is None or hashlib.sha256(data).hexdigest() != digest:
+        if data is None or sha256_hex(data) != digest:
             why = "is missing" if data is None else "does not match the hash in its sealed record"
             if self.seal is not None:
                 raise self.seal.refuse(rel, why)
