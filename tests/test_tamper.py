@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from spotbook.store.integrity import Key, Seal, load_key, safe_relpath
-from spotbook.store.runstore import RunStore
+from spotbook.store.runstore import CellKey, RunStore
 
 from .conftest import Place, cli, on, start_cli, wait_for, write_notebook
 
@@ -223,6 +223,22 @@ def spec_edited(c: Copy) -> str:
     run["spec"]["parameters"] = {"x": 1}
     c.put_json("run.json", run)
     return "run.json"
+
+
+def seal_format_downgraded(c: Copy) -> str:
+    """Format 1 sealed with the key itself: a writer who could make a store pass for one
+    would have the cheap check of a guess back. Without the key, the id does not match."""
+    run = c.json("run.json")
+    run["seal"]["format"] = 1
+    c.put_json("run.json", run)
+    return "another key"
+
+
+def seal_format_unknown(c: Copy) -> str:
+    run = c.json("run.json")
+    run["seal"]["format"] = 3
+    c.put_json("run.json", run)
+    return "sealed in format 3, which this spotbook does not know"
 
 
 def seal_removed_key_added(c: Copy) -> str:
@@ -463,6 +479,8 @@ ATTACKS: dict[str, tuple[Callable[[Copy], str], tuple[str, ...], bool]] = {
     "input deleted": (input_deleted, ("local", "s3"), True),
     "spec edited": (spec_edited, ("local", "s3"), True),
     "seal removed, key object added": (seal_removed_key_added, ("local", "s3"), True),
+    "seal format downgraded": (seal_format_downgraded, ("local", "s3"), True),
+    "seal format unknown": (seal_format_unknown, ("local", "s3"), True),
     "run.json truncated": (run_json_truncated, ("local", "s3"), True),
     "run.json of another run": (run_json_from_other_run, ("local", "s3"), True),
     "forged completed record": (forged_completed_record, ("local", "s3"), True),
@@ -536,6 +554,61 @@ def test_untampered_copy_resumes(template: Template, tmp_path: Path) -> None:
     assert "".join(out["cells"][-1]["outputs"][0]["text"]).strip() == "242"
     # the checkpoint file came back from the store's sealed manifest, local or not
     assert "ck.txt" in json.dumps(RunStore(copy.url).files_manifest())
+
+
+def _as_format_one(c: Copy) -> None:
+    """Re-seal the copy as a spotbook before the derived key sealed it (format 1: the
+    HMACs made with the key itself, run.json recording the key's id of then)."""
+    key = load_key()
+    run = c.json("run.json")
+    run_id = run["spec"]["run_id"]
+    old = Seal(key, run_id, c.url, fmt=1)
+    info = {k: v for k, v in run["seal"].items() if k != "mac"}
+    info.update(format=1, key_id=key.id_for(1))
+    run["seal"] = {**info, "mac": old.mac("run.json", {"spec": run["spec"], **info})}
+    c.put_json("run.json", run)
+    for d in ("cells", "attempts", "state/snap", "files"):
+        for name in c.names(d):
+            rel = f"{d}/{name}"
+            if name.endswith(".jsonl"):  # a local store's records: one sealed line each
+                docs = [json.loads(line) for line in c.read(rel).splitlines() if line]
+                c.set_lines([
+                    json.dumps(old.sign(f"cells/{CellKey(r['index'], r['attempt']).name[:-5]}",
+                                        {k: v for k, v in r.items() if k != "mac"})).encode()
+                    for r in docs
+                ])  # fmt: skip
+            elif name.endswith(".json"):
+                doc = c.json(rel)
+                # a record's place is its cell and attempt, without the object's suffix
+                place = rel[:-5] if d == "cells" else rel
+                if isinstance(doc, dict) and "mac" in doc:
+                    c.put_json(rel, old.sign(place, {k: v for k, v in doc.items() if k != "mac"}))
+
+
+def test_a_store_sealed_with_the_key_itself_still_resumes(
+    template: Template, tmp_path: Path
+) -> None:
+    """Runs sealed before the derived key (format 1) resume to their end in format 1: the
+    records the resume adds are checked with the key itself, as the older ones are, and
+    `spotbook run` of the same notebook, which re-seals run.json, keeps that format."""
+    copy = Copy(template, f"f1-{tmp_path.name}", tmp_path)
+    _as_format_one(copy)
+    fresh = RunStore(copy.url)
+    assert fresh.unseal()["seal"]["format"] == 1 and fresh.seal is not None
+    assert fresh.seal.format == 1
+    (tmp_path / "go").write_text("")
+    r = cli("run", str(template.work / "t.ipynb"), "--run-dir", copy.url, "--snapshot",
+            "every-cell", "--max-output-bytes", "1000", cwd=tmp_path, env=template.env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(RunStore(copy.url).read("output.ipynb") or b"")
+    assert "".join(out["cells"][-1]["outputs"][0]["text"]).strip() == "242"
+    after = RunStore(copy.url)
+    seal = after.unseal()["seal"]
+    assert seal["format"] == 1 and seal["generation"] == 1, seal
+    assert len(after.cell_records()) == len(CELLS)  # every record checks in format 1
+    # and a run made now is sealed with the derived key, its id not the key's own
+    made = RunStore(template.a).unseal()["seal"]
+    assert made["format"] == 2 and made["key_id"] == load_key().id != load_key().id_for(1)
 
 
 def test_logs_show_a_cut_output_whole_and_refuse_a_changed_one(

@@ -336,7 +336,11 @@ def prepare_run(
         # a generation more than the one checked: an attempt from now on is refused
         # beside the run.json of before (its limits and flags) if that one is put back
         seal = store.seal_run(
-            key or load_key(), spec.to_json(), frozen, generation=store.run_generation + 1
+            key or load_key(),
+            spec.to_json(),
+            frozen,
+            generation=store.run_generation + 1,
+            fmt=store.seal.format,  # its objects so far are sealed in that format
         )
         store.write_json("run.json", {**existing, "spec": spec.to_json(), "seal": seal})
         return store

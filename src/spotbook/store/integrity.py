@@ -18,12 +18,17 @@ the per-user key file
     ``~/.config/spotbook/key``: created 0600 on first use, refused when others can
     read it.
 
-A run records the key's id (an HMAC of a fixed text, which says nothing of the key),
-so a resume with another key says so instead of calling every object tampered.
+The key is never used as it is: seals are made with a key derived from it by scrypt
+(once per process), and a run records the derived key's id (an HMAC of a fixed text), so
+a resume with another key says so instead of calling every object tampered. Someone who
+reads the store and tries to guess a weak key from that id, or from any sealed object,
+pays a scrypt derivation per guess. Runs sealed before (``format`` 1 in run.json) were
+sealed with the key itself, and are checked that way to their end.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -43,8 +48,22 @@ log = logging.getLogger(__name__)
 KEY_ENV = "SPOTBOOK_SNAPSHOT_KEY"
 KEY_FILE_ENV = "SPOTBOOK_SNAPSHOT_KEY_FILE"
 CONFIG_ENV = "SPOTBOOK_CONFIG_DIR"
-SEAL_FORMAT = 1
+# 1: HMAC with the key itself (spotbook before issue 31's last step); 2: with a key
+# derived by scrypt. A store keeps the format it was made with.
+SEAL_FORMAT = 2
+SEAL_FORMATS = (1, 2)
 _DOMAIN = b"spotbook-seal-1\0"
+# scrypt's cost: 16 MiB and about 0.05 s of one core per derivation (once per process),
+# against a microsecond for an HMAC: bench/bench_key_guess.py measures both
+_KDF_SALT, _KDF_N, _KDF_R = b"spotbook-seal-2", 1 << 14, 8
+
+
+@functools.lru_cache(maxsize=8)
+def derive_key(secret: bytes) -> bytes:
+    """The key seals of format 2 are made with: scrypt of the run key."""
+    return hashlib.scrypt(
+        secret, salt=_KDF_SALT, n=_KDF_N, r=_KDF_R, p=1, maxmem=32 << 20, dklen=32
+    )
 
 
 def config_dir() -> str:
@@ -63,9 +82,17 @@ class Key:
     secret: bytes
     source: str  # where it came from, for messages (never the key itself)
 
+    def mac_key(self, fmt: int = SEAL_FORMAT) -> bytes:
+        """What seals of format ``fmt`` are made with (1: the key itself; 2: derived)."""
+        return self.secret if fmt == 1 else derive_key(self.secret)
+
+    def id_for(self, fmt: int) -> str:
+        """The id a run sealed in format ``fmt`` records for this key."""
+        return hmac.new(self.mac_key(fmt), b"spotbook key id", hashlib.sha256).hexdigest()[:16]
+
     @property
     def id(self) -> str:
-        return hmac.new(self.secret, b"spotbook key id", hashlib.sha256).hexdigest()[:16]
+        return self.id_for(SEAL_FORMAT)
 
 
 _MAX_KEY = 64 << 10  # a key file holds a key: a few dozen bytes, never a stream
@@ -274,18 +301,25 @@ class Seal:
 
     legacy = False
 
-    def __init__(self, key: Key, run_id: str, url: str) -> None:
+    def __init__(self, key: Key, run_id: str, url: str, fmt: int = SEAL_FORMAT) -> None:
         self.key = key
         self.run_id = run_id
         self.url = url
+        self.format = fmt
+        self._secret = key.mac_key(fmt)
         self._prefix = _DOMAIN + run_id.encode() + b"\0"
+
+    @property
+    def key_id(self) -> str:
+        """The key's id as this seal's format records it."""
+        return self.key.id_for(self.format)
 
     def mac(self, place: str, doc: dict[str, Any]) -> str:
         return self._mac_of(place, canonical(doc))
 
     def _mac_of(self, place: str, canon: bytes) -> str:
         msg = self._prefix + place.encode() + b"\0" + canon
-        return hmac.new(self.key.secret, msg, hashlib.sha256).hexdigest()
+        return hmac.new(self._secret, msg, hashlib.sha256).hexdigest()
 
     def sign(self, place: str, doc: dict[str, Any]) -> dict[str, Any]:
         return {**doc, "mac": self.mac(place, doc)}
@@ -327,7 +361,7 @@ class LegacySeal(Seal):
     legacy = True
 
     def __init__(self, store_key: bytes, run_id: str, url: str) -> None:
-        super().__init__(Key(store_key, "the store's own key object"), run_id, url)
+        super().__init__(Key(store_key, "the store's own key object"), run_id, url, fmt=1)
 
     def _old_mac(self, doc: dict[str, Any]) -> str:
         body = {k: v for k, v in doc.items() if k not in ("mac", "name")}

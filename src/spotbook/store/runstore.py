@@ -61,6 +61,7 @@ from .._models import AttemptRecord, CellStatus
 from .backends import atomic_write, backend_for, transient, with_retries
 from .integrity import (
     SEAL_FORMAT,
+    SEAL_FORMATS,
     Key,
     LegacySeal,
     Seal,
@@ -492,14 +493,19 @@ class RunStore:
 
     # -- the seal ----------------------------------------------------------------
     def seal_run(
-        self, key: Key, spec: dict[str, Any], input_bytes: bytes, generation: int = 0
+        self,
+        key: Key,
+        spec: dict[str, Any],
+        input_bytes: bytes,
+        generation: int = 0,
+        fmt: int = SEAL_FORMAT,
     ) -> dict[str, Any]:
         """run.json's seal for a run created (``generation`` 0) or re-specified here (the
-        checked one's plus one); arms the store."""
-        seal = Seal(key, str(spec["run_id"]), self.url)
+        checked one's plus one, in the format the run was made with); arms the store."""
+        seal = Seal(key, str(spec["run_id"]), self.url, fmt)
         info: dict[str, Any] = {
-            "format": SEAL_FORMAT,
-            "key_id": key.id,
+            "format": fmt,
+            "key_id": seal.key_id,
             "input_sha256": sha256_hex(input_bytes),
             **({"generation": generation} if generation else {}),
         }
@@ -524,16 +530,24 @@ class RunStore:
             return run
         if not isinstance(info, dict):
             raise StoreIntegrityError(f"{self.url}/run.json has a malformed seal")
+        fmt = info.get("format")
+        if fmt not in SEAL_FORMATS or isinstance(fmt, bool):
+            raise StoreIntegrityError(
+                f"{self.url}/run.json is sealed in format {fmt!r}, which this spotbook does "
+                f"not know (it knows {', '.join(map(str, SEAL_FORMATS))}); it was not used. "
+                "A newer spotbook made it: resume it with that version"
+            )
         key = load_key()
-        if info.get("key_id") != key.id:
+        if info.get("key_id") != key.id_for(fmt):
             raise StoreIntegrityError(
                 f"run {spec['run_id']} in {self.url} was sealed with another key (id "
-                f"{info.get('key_id')}), not the one here ({key.source}, id {key.id}); "
+                f"{info.get('key_id')}), not the one here ({key.source}, id "
+                f"{key.id_for(fmt)}); "
                 "give this process the key the run was created with: SPOTBOOK_SNAPSHOT_KEY "
                 "or SPOTBOOK_SNAPSHOT_KEY_FILE (a submitted run's key is in the Kubernetes "
                 "Secret `spotbook submit` named, see docs/kubernetes.md)"
             )
-        seal = Seal(key, spec["run_id"], self.url)
+        seal = Seal(key, spec["run_id"], self.url, fmt)
         seal.check("run.json", {"spec": spec, **info})
         generation = info.get("generation", 0)
         if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
@@ -552,7 +566,7 @@ class RunStore:
         store must be armed: made here or unsealed); a sweep's, at the sweep's root,
         with ``key`` and bound to ``sweep_id``."""
         seal = self._job_seal(key, sweep_id)
-        doc = doc if seal.legacy else {**doc, "key_id": seal.key.id}
+        doc = doc if seal.legacy else {**doc, "key_id": seal.key_id}
         self.write_json(JOB_RECORD, seal.sign(JOB_RECORD, doc))
 
     def job_record(self) -> dict[str, Any] | None:
@@ -573,14 +587,17 @@ class RunStore:
             return self.seal.check(JOB_RECORD, doc)
         sweep_id = self._sweep_id()
         key = load_key(create=False)
-        if doc.get("key_id") != key.id:
+        # a sweep's record says its format by the key id it carries (format 1's: a
+        # sweep submitted by a spotbook before the derived key)
+        fmt = next((f for f in SEAL_FORMATS if doc.get("key_id") == key.id_for(f)), None)
+        if fmt is None:
             raise StoreIntegrityError(
                 f"{self.url}/{JOB_RECORD} was sealed with another key (id "
                 f"{doc.get('key_id')}), not the one here ({key.source}, id {key.id}); it was "
                 "not used. Give this process the cluster's run key: SPOTBOOK_SNAPSHOT_KEY "
                 "or SPOTBOOK_SNAPSHOT_KEY_FILE (see docs/kubernetes.md)"
             )
-        return Seal(key, sweep_id, self.url).check(JOB_RECORD, doc)
+        return Seal(key, sweep_id, self.url, fmt).check(JOB_RECORD, doc)
 
     def _sweep_id(self) -> str:
         sweep = self.read_json(SWEEP_FILE)
