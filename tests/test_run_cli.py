@@ -105,6 +105,27 @@ def test_status_json_and_runs_table(work: Path) -> None:
     assert "succeeded" in human and "4/4" in human
 
 
+def test_a_command_does_not_build_the_iri_grammar(work: Path) -> None:
+    """A command's process imports nbformat but not rfc3987_syntax, whose import builds
+    a grammar's parser (2 s of every command's start; bench/bench_cli_start.py), even
+    where it is installed, as it is in this environment beside JupyterLab."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    assert importlib.util.find_spec("rfc3987_syntax") is not None  # it is here to skip
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['spotbook', 'status', 'no-such-run']\n"
+        "try:\n    runpy.run_module('spotbook', run_name='__main__')\n"
+        "except SystemExit as exc:\n    code = exc.code\n"
+        "print(code, 'nbformat' in sys.modules, sys.modules.get('rfc3987_syntax'))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], cwd=work, capture_output=True,
+                       text=True, check=False, env={**os.environ})  # fmt: skip
+    assert r.stdout.split() == ["2", "True", "None"], (r.stdout, r.stderr)
+
+
 def test_progress_bar_is_tqdms_on_stderr_by_default(work: Path) -> None:
     """papermill's bar: one step per cell (markdown too), percent, rate; the running
     cell's first line as its description unless cell output is echoed."""

@@ -111,6 +111,19 @@ def command(name: str) -> Callable[[argparse.Namespace], int]:
 _ATTEMPTS = ("run", "resume", "worker")
 
 
+def _without_iri_checks() -> None:
+    """The command's own process does without jsonschema's IRI format checks.
+
+    nbformat imports jsonschema, which imports ``rfc3987_syntax`` when it is installed
+    (jupyter-events installs it beside JupyterLab), and that module builds a parser for
+    its grammar on import: about 2 s of one core at every command's start, against
+    0.3 s for the rest (bench/bench_cli_start.py). spotbook validates no field of format
+    ``iri``, and nothing of the user's runs in this process (their code runs in the
+    kernel), so the import is made to fail here, as if the package were absent; a
+    process that imported it already keeps it."""
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``spotbook`` command: parse ``argv``, run the command, return its exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
@@ -118,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..attempt.notice import catch_early
 
         catch_early()  # before anything slow: a stop in the first instants is exit 75
+    if argv is None:
+        _without_iri_checks()
     parser = build_parser()
     if len(words) > 1 and words[0] == "sweep" and words[1] in SWEEP_VERBS:
         words = [f"sweep-{words[1]}", *words[2:]]  # `sweep status URL`, not a notebook
