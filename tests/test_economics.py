@@ -279,6 +279,9 @@ def test_chaos_agrees_with_the_simulator(work: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     resume, restart = doc["strategies"]["resume"], doc["strategies"]["restart"]
+    # a first attempt cut before it wrote run.json (a start slower than the first kill,
+    # on a loaded machine) is started again by the same command, as a Job's pod is
+    assert resume["exit_code"] == restart["exit_code"] == 0, doc
     assert resume["preemptions"] >= 1 and restart["preemptions"] == 3
     assert resume["cost_ratio"] < restart["cost_ratio"]
     for row in (resume, restart):

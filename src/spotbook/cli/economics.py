@@ -283,9 +283,16 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         say=_say,
     )
     doc = report.to_json()
+    failed = {n: r["exit_code"] for n, r in doc["strategies"].items() if r["exit_code"]}
+    for name, code in failed.items():
+        print(
+            f"spotbook: error: the {name} run failed (exit {code}; its error is above): "
+            "its cost compares nothing. Fix the notebook or the store, then run chaos again",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(doc, indent=2))
-        return 0
+        return 1 if failed else 0
     print(
         f"baseline {doc['baseline_seconds']:.2f} s uninterrupted; {args.signal} at node time "
         + ", ".join(f"{t:.1f}" for t in doc["preemption_times"])
@@ -309,7 +316,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         )
     print(
         "(simulated: for the same times, at the median start this machine showed; billed: "
-        "at its fastest and slowest start, restore and finish, the snapshots where auto "
-        "would place them and where the runs took them)"
+        "at its fastest and slowest start, restore, finish, snapshot pause and write, the "
+        "snapshots where auto would place them and where the runs took them)"
     )
-    return 0
+    return 1 if failed else 0

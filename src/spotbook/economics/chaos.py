@@ -89,6 +89,7 @@ class ChaosReport:
                     "waiting_seconds": round(r.waiting_seconds, 3),
                     "preemptions": r.preemptions,
                     "attempts": r.attempts,
+                    "exit_code": r.exit_code,
                     "cost_ratio": round(r.billed_seconds / self.baseline_seconds, 4),
                     "finish_ratio": round(r.finish_seconds / self.baseline_seconds, 4),
                     "predicted_cost_ratio": (
@@ -213,12 +214,15 @@ def chaos(
 
 @dataclass
 class _Seen:
-    """What the runs' attempts showed of this machine: restore and finish times, and
-    where each run's snapshots fell (interval, compute before the first)."""
+    """What the runs' attempts showed of this machine: restore and finish times, each
+    snapshot's pause and background write, and where each run's snapshots fell
+    (interval, compute before the first)."""
 
     restores: list[float]
     finishes: list[float]
     taken: list[tuple[float, float]]
+    pauses: list[float] = field(default_factory=list)
+    writes: list[float] = field(default_factory=list)
 
 
 def _observed(stores: list[RunStore]) -> _Seen:
@@ -235,6 +239,16 @@ def _observed(stores: list[RunStore]) -> _Seen:
         points = _snapshot_points(store)
         if points:
             seen.taken.append(points)
+        for key in store.snapshot_keys().values():
+            # as profile_from_run reads them: the pause the policy counted, and for a
+            # background one, the time until its blobs were in the store
+            doc = store.read_snapshot(key) or {}
+            if doc.get("kernel_seconds") is None:
+                continue
+            pause = doc.get("cost_seconds", doc.get("pause_seconds", doc["kernel_seconds"]))
+            seen.pauses.append(float(pause))
+            if doc.get("pause_seconds") is not None:
+                seen.writes.append(float(doc.get("written_seconds", doc["kernel_seconds"])))
     return seen
 
 
@@ -248,10 +262,11 @@ def _band(
     seen: _Seen,
 ) -> tuple[float, float]:
     """The simulator's billed seconds for ``strategy`` at the fastest and at the slowest
-    start, restore and finish the runs met, with the snapshots where auto would place
-    them for the profile and where each run's own auto placed them (it measured its
-    snapshots' cost on a machine that may have been faster or slower than the
-    baseline's)."""
+    start, restore, finish, snapshot pause and background write the runs met, with the
+    snapshots where auto would place them for the profile and where each run's own auto
+    placed them (it measured its snapshots' cost on a machine that may have been faster
+    or slower than the baseline's). A loaded baseline's slow writes alone made every
+    simulation lose a first attempt whose snapshot, written faster, was kept."""
     restores, finishes, taken = seen.restores, seen.finishes, seen.taken
     out = []
     for pick in (min, max):
@@ -260,6 +275,8 @@ def _band(
             start_seconds=pick([profile.start_seconds, *starts]),
             restore_seconds=pick([profile.restore_seconds, *restores]),
             finish_seconds=pick([profile.finish_seconds, *finishes]),
+            snapshot_seconds=pick([profile.snapshot_seconds, *seen.pauses]),
+            write_seconds=pick([profile.write_seconds, *seen.writes]),
         )
         policies: list[tuple[float | None, float | None]] = [(None, None)]
         if strategy == "resume":
@@ -360,11 +377,14 @@ def _run_strategy(
     grace_flag = ["--grace", str(grace)] if grace is not None else []
     first = True
     while True:
-        if first or strategy == "restart":
-            argv = _spotbook("run", notebook, "--run-dir", run_dir, "--no-progress-bar")
-            argv += [*extra, *snapshot, *grace_flag] + ([] if first else ["--restart"])
-        else:
-            argv = _spotbook("resume", run_dir, "--no-progress-bar", *grace_flag)
+        # every attempt runs the one command, as a Job's pod does: `spotbook run` of the
+        # same notebook continues the run in its store (and starts it, where the first
+        # attempt was cut before it had written run.json: `spotbook resume` would have
+        # found no run); without spotbook the run starts over
+        argv = _spotbook("run", notebook, "--run-dir", run_dir, "--no-progress-bar")
+        argv += [*extra, *snapshot, *grace_flag]
+        if strategy == "restart" and not first:
+            argv.append("--restart")
         first = False
         t0 = time.monotonic()
         with tempfile.TemporaryFile() as log_file:
