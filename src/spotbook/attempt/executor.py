@@ -37,6 +37,7 @@ from nbclient.client import timestamp
 from nbclient.exceptions import CellExecutionComplete
 
 from .._errors import KernelNotFoundError, KernelStartError
+from .kernel_ops import KernelError, counter_at
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,6 @@ OutputCallback = Callable[[str, dict[str, Any]], None]
 
 class KernelDied(Exception):
     """Internal: the kernel process is gone."""
-
-
-class KernelError(RuntimeError):
-    """Code spotbook ran in the kernel raised; ``ename`` is the kernel's exception class."""
-
-    def __init__(self, ename: object, evalue: object) -> None:
-        super().__init__(f"{ename}: {evalue}")
-        self.ename, self.evalue = str(ename), str(evalue)
 
 
 @dataclass
@@ -472,9 +465,7 @@ class KernelSession:
         scratch.outputs = []
         try:
             if execution_count:
-                await self.evaluate(
-                    f"get_ipython().__setattr__('execution_count', {int(execution_count)})"
-                )
+                await self.evaluate(counter_at(execution_count))
             return await self.run_cell(
                 scratch, index, store_history=bool(execution_count), live=False
             )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import stat
@@ -19,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ResumeRefusedError, SnapshotIntegrityError
 from ..notebook import document as nbs
 from .env_cells import env_cells
-from .executor import KernelDied, KernelError, python_transform
+from .executor import KernelDied, python_transform
 from .fidelity import FidelityReport
+from .kernel_ops import KernelError, KernelOps
 from .replay import NO_REPLAY_TAG, ResumePlan, plan_resume
-from .snapshots import KERNEL_MODULE, CannotRebuild, Snapshots
+from .snapshots import CannotRebuild, Snapshots
 
 if TYPE_CHECKING:
     from .context import Attempt
@@ -71,6 +71,7 @@ class Restorer:
         run, journal, snaps = self.run, self.run.journal, self.snapshots
         session = run.session
         assert session is not None
+        kernel = KernelOps(session)
         records = journal.records
         m0 = time.monotonic()
         doc = snaps.usable
@@ -96,16 +97,11 @@ class Restorer:
         try:
             if doc is not None:
                 await run.race(asyncio.to_thread(snaps.download, doc), grace=0.0, index=start)
-                env_failed = json.loads(
-                    await session.evaluate(
-                        f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
-                    )
-                )
+                env_failed = await kernel.restore_env(doc["env"])
                 with _blob_errors(doc):  # the imports' blob, read in the kernel
                     await self._environment(doc, report)
-                    await snaps.kernel_call(
-                        f"{KERNEL_MODULE}.reimport({snaps.blob_dir()!r}, {doc['imports']!r})",
-                        start,
+                    await run.race(
+                        kernel.reimport(snaps.blob_dir(), doc["imports"]), grace=0.0, index=start
                     )
                 loaded = await snaps.load(doc, start)
                 failed = loaded["failed"]
@@ -156,18 +152,14 @@ class Restorer:
                 if head:
                     # what the chain changed in restored variables is undone; its own
                     # variables stay
-                    await session.evaluate(
-                        f"{KERNEL_MODULE}.restore_env({json.dumps(doc['env'])!r})"
-                    )
+                    await kernel.restore_env(doc["env"])
                     await snaps.load(doc, start, plan.keep)
                 missing = [n for n in plan.chains if not await self._bound(n)]
                 if missing:
                     raise CannotRebuild(
                         f"replaying its chain did not bind {', '.join(map(repr, missing))}"
                     )
-                report.process_problems(
-                    json.loads(await session.evaluate(f"{KERNEL_MODULE}.apply_last()"))
-                )
+                report.process_problems(await kernel.apply_last())
             if plan.give_back:
                 # the files the tail cells wrote, as they were before the first of them
                 report.undone.extend(undo_files(plan.tail[0], dict(plan.give_back)))
@@ -179,7 +171,7 @@ class Restorer:
         last_count = max((r.get("execution_count") or 0 for r in records.values()), default=0)
         if last_count:
             with contextlib.suppress(RuntimeError):
-                await session.evaluate(f"{KERNEL_MODULE}.set_execution_count({last_count + 1})")
+                await kernel.set_execution_count(last_count + 1)
         replayed = sorted(set(plan.replay) | rebuild_files)
         redone = sum(float(records.get(i, {}).get("duration") or 0.0) for i in replayed)
         # what was replayed is at stake again until the next snapshot: a kill now would
@@ -207,17 +199,13 @@ class Restorer:
         session = run.session
         assert session is not None
         cells = env_cells(nbs.cell_sources(run.nb), nbs.cell_tags(run.nb), int(doc["after"]))
-        probe = f"{KERNEL_MODULE}.missing_modules({snaps.blob_dir()!r}, {doc['imports']!r})"
-        missing: list[str] = json.loads(await session.evaluate(probe))
+        kernel = KernelOps(session)
+        missing = await kernel.missing_modules(snaps.blob_dir(), doc["imports"])
         lost_files = bool((run.journal.attempt_rec.get("files_restored") or {}).get("files"))
         todo = []
         for cell in cells:
             if cell.checkable:
-                names = json.dumps(list(cell.packages))
-                lacking = json.loads(
-                    await session.evaluate(f"{KERNEL_MODULE}.not_installed({names!r})")
-                )
-                if lacking:
+                if await kernel.not_installed(list(cell.packages)):
                     todo.append(cell.index)
             elif lost_files or missing:
                 todo.append(cell.index)  # no name to check: replayed where the node is new
@@ -226,7 +214,7 @@ class Restorer:
         if todo:
             run.journal.attempt_rec["environment_replayed"] = todo
             report.environment = list(todo)
-            missing = json.loads(await session.evaluate(probe))
+            missing = await kernel.missing_modules(snaps.blob_dir(), doc["imports"])
         if missing:
             report.may_differ.append(
                 f"module{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which the "
@@ -256,13 +244,12 @@ class Restorer:
         if owned:
             pre["owned_rng"] = owned  # the notebook's own generators, as the cell found them
         if pre:
-            expr = f"{KERNEL_MODULE}.set_pre({json.dumps(pre)!r})"
-            report.process_problems(json.loads(await session.evaluate(expr)))
+            report.process_problems(await KernelOps(session).set_pre(pre))
 
     async def _bound(self, name: str) -> bool:
         session = self.run.session
         assert session is not None
-        return bool(await session.evaluate(f"{name!r} in get_ipython().user_ns"))
+        return await KernelOps(session).is_bound(name)
 
     def refuse_if_strict(self, report: FidelityReport) -> None:
         run = self.run

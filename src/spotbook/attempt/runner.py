@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -62,12 +61,13 @@ from .context import RunnerOptions
 from .executor import KernelDied, KernelSession, check_kernel, kernel_env
 from .files_sync import FilesSync
 from .journal import Journal, exited_early, start_index
+from .kernel_ops import CELL_EFFECTS, KernelOps
 from .notice import Notice
 from .replay import ResumePlan
 from .restore import Restorer, undo_files
 from .run_files import FilesIntegrityError, FilesPolicy, RunFiles, copy_blob, verify
 from .run_files import restore as restore_files
-from .snapshots import KERNEL_MODULE, Snapshots
+from .snapshots import Snapshots
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -419,9 +419,8 @@ class Runner:
         """End an attempt that was not stopped: what the kernel saw, the last file sync,
         the attempt's outcome, the final notebook and the run's status."""
         if probe and self.session is not None:
-            expr = f"{KERNEL_MODULE}.accelerators()"
             with contextlib.suppress(Exception):
-                found = json.loads(await asyncio.wait_for(self.session.evaluate(expr), 5.0))
+                found = await KernelOps(self.session).accelerators(timeout=5.0)
                 if found:
                     self.journal.attempt_rec["frameworks"] = found
         await self._final_files_sync()
@@ -534,15 +533,13 @@ class Runner:
         )
         await self.race(self.session.start(), grace=0.0, index=index)
         try:
-            started = await self.race(
-                self.session.evaluate(f"{KERNEL_MODULE}.init()"), grace=0.0, index=index
-            )
+            started = await self.race(KernelOps(self.session).init(), grace=0.0, index=index)
         except RuntimeError as exc:
             self.snapshots.off(f"the kernel cannot import spotbook ({exc})")
             return
-        if not json.loads(started).get("reply_metadata"):
+        if not started.get("reply_metadata"):
             # a kernel whose replies cannot carry the cell's note: ask for it with each cell
-            self.session.cell_expressions = {"spotbook": f"{KERNEL_MODULE}.cell_effects()"}
+            self.session.cell_expressions = {"spotbook": CELL_EFFECTS}
 
 
 def _complete_kernelspec(nb: Any, name: str, language_info: dict[str, Any]) -> None:

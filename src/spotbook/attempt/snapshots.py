@@ -38,13 +38,13 @@ from .._models import (
     SnapshotMode,
 )
 from ..store.runstore import CellKey
+from .kernel_ops import KernelOps, storage_failure
 from .run_files import RunFiles
 
 if TYPE_CHECKING:
     from .context import Attempt
 
 log = logging.getLogger(__name__)
-KERNEL_MODULE = "__import__('spotbook.kernel.session', fromlist=['_'])"
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
 # staged snapshots (no fork) for every kernel, not only those that must not fork: for a
 # machine where a fork's copy-on-write memory is not to be risked, and for the tests
@@ -183,7 +183,7 @@ class Snapshots:
         session = self.run.session
         assert session is not None
         try:
-            found = json.loads(await session.evaluate(f"{KERNEL_MODULE}.snapshot_estimate()"))
+            found = await KernelOps(session).snapshot_estimate()
         except (RuntimeError, ValueError):
             return True  # take() reports why snapshots cannot work
         if self.background and not found["unsafe"]:
@@ -228,17 +228,19 @@ class Snapshots:
         run, journal = self.run, self.run.journal
         assert run.session is not None
         m0 = time.monotonic()
-        expr = f"{KERNEL_MODULE}.snapshot({self.blob_dir()!r})"
-        raw = None
+        kernel = KernelOps(run.session)
+        manifest = None
         for attempt in range(2):  # a storage hiccup may pass; a second failure is kept
             try:
-                raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
+                manifest = await run.race(
+                    kernel.snapshot(self.blob_dir()), grace=run.grace, index=index
+                )
                 break
             except RuntimeError as exc:
-                if _storage_failure(exc) and attempt == 0:
+                if storage_failure(exc) and attempt == 0:
                     log.warning("the snapshot after cell %d failed (%s); retrying", index, exc)
                     continue
-                if _storage_failure(exc):
+                if storage_failure(exc):
                     # the disk is full or the store is gone: saying so and stopping keeps
                     # every committed cell; going on would silently lose the safety net
                     raise StorageError(
@@ -251,8 +253,7 @@ class Snapshots:
                 journal.attempt_rec["snapshots_off"] = reason
                 self.off(reason)
                 return
-        assert raw is not None
-        manifest = json.loads(raw)
+        assert manifest is not None
         # the run's files after the kernel's snapshot, which flushed the notebook's open
         # files (what a handle's position says is on disk), and before the next cell
         files = await self._capture_files(index)
@@ -327,13 +328,12 @@ class Snapshots:
         if os.environ.get(STAGED_ENV) == "1":
             answer: dict[str, Any] | None = {"unsafe": f"{STAGED_ENV}=1"}
         else:
-            expr = f"{KERNEL_MODULE}.snapshot_fork({self.blob_dir()!r}, {path!r})"
+            fork = KernelOps(run.session).snapshot_fork(self.blob_dir(), path)
             try:
-                raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
+                answer = await run.race(fork, grace=run.grace, index=index)
             except RuntimeError as exc:
                 self._synchronous(f"the kernel could not fork ({exc})")
                 return False
-            answer = json.loads(raw)
         assert answer is not None
         staged = "unsafe" in answer
         if staged:
@@ -359,15 +359,14 @@ class Snapshots:
         that failed too, and it is to be taken synchronously."""
         run = self.run
         assert run.session is not None
-        expr = f"{KERNEL_MODULE}.snapshot_staged({self.blob_dir()!r}, {path!r})"
+        staged = KernelOps(run.session).snapshot_staged(self.blob_dir(), path)
         try:
-            raw = await run.race(run.session.evaluate(expr), grace=run.grace, index=index)
+            answer = await run.race(staged, grace=run.grace, index=index)
         except RuntimeError as exc:
-            if _storage_failure(exc):
+            if storage_failure(exc):
                 raise self._unwritable(index, exc) from None
             self._synchronous(f"{unsafe}, and staging the snapshot failed ({exc})")
             return None
-        answer: dict[str, Any] = json.loads(raw)
         rec = run.journal.attempt_rec
         if rec.get("snapshots_staged") != unsafe:
             log.info("snapshots are staged (copied, then written by a thread): %s", unsafe)
@@ -431,7 +430,7 @@ class Snapshots:
             self.pending = None  # the held records are not committed: their cells rerun
             raise self._unwritable(p.index, exc) from None
         except RuntimeError as exc:
-            if _storage_failure(exc):
+            if storage_failure(exc):
                 self.pending = None
                 raise self._unwritable(p.index, exc) from None
             reason = f"the snapshot after cell {p.index} failed in the kernel ({exc})"
@@ -562,25 +561,15 @@ class Snapshots:
         digests = [stream["stream"], *stream["buffers"], doc["imports"]]
         self.run.store.fetch_blobs(self.blob_dir(), digests, self._uploaded)
 
-    async def kernel_call(self, code: str, index: int) -> Any:
-        session = self.run.session
-        assert session is not None
-        return await self.run.race(
-            session.call(code, f"{KERNEL_MODULE}.result()"), grace=0.0, index=index
-        )
-
     async def load(
         self, doc: dict[str, Any], index: int, keep: frozenset[str] = frozenset()
     ) -> dict[str, Any]:
         """Put a snapshot's variables and library options back (not the generators)."""
         session = self.run.session
         assert session is not None
-        manifest = json.dumps({"vars": doc["vars"], "stream": doc["stream"]})
-        keeping = tuple(sorted(keep))
-        await self.kernel_call(
-            f"{KERNEL_MODULE}.restore({self.blob_dir()!r}, {manifest!r}, {keeping!r})", index
-        )
-        result: dict[str, Any] = json.loads(await session.evaluate(f"{KERNEL_MODULE}.result()"))
+        manifest = {"vars": doc["vars"], "stream": doc["stream"]}
+        restore = KernelOps(session).restore(self.blob_dir(), manifest, tuple(sorted(keep)))
+        result = await self.run.race(restore, grace=0.0, index=index)
         if "integrity" in result:
             raise SnapshotIntegrityError(
                 f"snapshot {doc['name']} was refused by the kernel: {result['integrity']}; "
@@ -589,13 +578,3 @@ class Snapshots:
         if "missing" in result:
             raise CannotRebuild(result["missing"])
         return result
-
-
-def _storage_failure(exc: RuntimeError) -> bool:
-    """Whether the kernel's snapshot failed on I/O (an OSError: disk full, file too big,
-    permissions), as opposed to state it could not pickle."""
-    import builtins
-
-    ename = str(exc).split(":", 1)[0].strip()
-    cls = getattr(builtins, ename, None)
-    return isinstance(cls, type) and issubclass(cls, OSError)

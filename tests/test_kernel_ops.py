@@ -1,0 +1,125 @@
+"""The kernel seam (attempt/kernel_ops.py): every request the runner sends the kernel is
+a call of an operation kernel/session.py has, with literal arguments, and its reply is
+decoded there. A transport that records the requests stands in for the kernel here (the
+real kernel answers them in every resume test)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import json
+from typing import Any
+
+import pytest
+
+from spotbook.attempt import kernel_ops
+from spotbook.attempt.kernel_ops import (
+    KERNEL_MODULE,
+    KernelError,
+    KernelOps,
+    counter_at,
+    storage_failure,
+)
+from spotbook.kernel import session as kernel_side
+
+
+class Recorder:
+    """A transport that records each request and answers it from ``replies``."""
+
+    def __init__(self, replies: dict[str, Any]) -> None:
+        self.replies = replies
+        self.sent: list[tuple[str, str | None]] = []
+
+    def _answer(self, expression: str) -> Any:
+        operation = expression[len(KERNEL_MODULE) + 1 :].split("(", 1)[0]
+        return self.replies[operation]
+
+    async def evaluate(self, expression: str, timeout: float | None = None) -> Any:
+        self.sent.append((expression, None))
+        return self._answer(expression)
+
+    async def call(self, code: str, result: str, timeout: float | None = None) -> Any:
+        self.sent.append((code, result))
+        return self._answer(result)
+
+
+def _operation(expression: str) -> tuple[str, list[Any]]:
+    """The kernel-side function an expression calls, and its arguments (literals only)."""
+    assert expression.startswith(KERNEL_MODULE + "."), expression
+    call = ast.parse(expression, mode="eval").body
+    assert isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+    return call.func.attr, [ast.literal_eval(a) for a in call.args]
+
+
+CALLS: list[tuple[str, tuple[Any, ...], str]] = [
+    ("init", (), '{"reply_metadata": true}'),
+    ("accelerators", (), "{}"),
+    ("snapshot_estimate", (), '{"bytes": 10, "unsafe": ""}'),
+    ("snapshot", ("/b",), '{"written": 1}'),
+    ("snapshot_fork", ("/b", "/r.json"), '{"pid": 12}'),
+    ("snapshot_staged", ("/b", "/r.json"), '{"pid": 12}'),
+    ("restore_env", ({"cwd": "/w"},), "{}"),
+    ("missing_modules", ("/b", "ab12"), '["torch"]'),
+    ("not_installed", (["lightgbm"],), "[]"),
+    ("set_pre", ({"rng": {}},), "{}"),
+    ("apply_last", (), '{"rng": "gone"}'),
+]
+
+
+@pytest.mark.parametrize(("method", "args", "reply"), CALLS, ids=[c[0] for c in CALLS])
+def test_each_operation_is_one_call_of_the_kernel_side_with_literals(
+    method: str, args: tuple[Any, ...], reply: str
+) -> None:
+    recorder = Recorder({method: reply})
+    got = asyncio.run(getattr(KernelOps(recorder), method)(*args))
+    assert got == json.loads(reply)  # decoded here, not by the caller
+    ((expression, _),) = recorder.sent
+    name, sent = _operation(expression)
+    assert name == method and hasattr(kernel_side, name)
+    # documents travel as JSON text, the rest as they are
+    assert len(sent) == len(args)
+    decoded = [
+        json.loads(s) if isinstance(a, dict | list) else s for a, s in zip(args, sent, strict=True)
+    ]
+    assert decoded == list(args)
+
+
+def test_operations_run_as_a_cell_read_their_result_in_the_same_request() -> None:
+    recorder = Recorder({"result": '{"failed": {}, "bytes": 3}'})
+    ops = KernelOps(recorder)
+    got = asyncio.run(ops.restore("/b", {"vars": {}, "stream": {}}, ("x",)))
+    assert got == {"failed": {}, "bytes": 3}
+    ((code, result),) = recorder.sent
+    assert _operation(code) == ("restore", ["/b", '{"vars": {}, "stream": {}}', ("x",)])
+    assert result is not None and _operation(result) == ("result", [])
+    recorder.replies["result"] = '["numpy"]'
+    assert asyncio.run(ops.reimport("/b", "ab12")) == ["numpy"]
+
+
+def test_every_operation_the_seam_names_is_on_the_kernel_side() -> None:
+    source = inspect.getsource(kernel_ops)
+    named = {
+        node.args[0].value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("_call", "_json", "_run")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+    }
+    assert {"init", "snapshot", "restore", "result", "cell_effects"} <= named
+    assert all(isinstance(n, str) and callable(getattr(kernel_side, n, None)) for n in named)
+
+
+def test_only_literals_reach_the_kernel() -> None:
+    with pytest.raises(TypeError, match="is not passed to the kernel"):
+        asyncio.run(KernelOps(Recorder({})).snapshot(object()))  # type: ignore[arg-type]
+    assert ast.literal_eval(counter_at(7).split(", ")[1].rstrip(")")) == 7
+
+
+def test_a_kernel_error_says_whether_it_was_storage() -> None:
+    assert storage_failure(KernelError("OSError", "[Errno 28] No space left on device"))
+    assert storage_failure(KernelError("PermissionError", "denied"))
+    assert not storage_failure(KernelError("PicklingError", "cannot pickle lock"))
+    assert not storage_failure(KernelError("NoSuchError", "x"))
+    assert storage_failure(RuntimeError("OSError: disk full"))  # text of a fork's failure
