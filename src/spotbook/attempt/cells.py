@@ -2,7 +2,9 @@
 the notice, recorded, maybe followed by a snapshot, then committed.
 
 The order is the guarantee: a snapshot that covers a cell is committed before the
-cell's record, so a committed cell never runs again on resume.
+cell's record, so a committed cell never runs again on resume. Every record goes through
+the attempt's :class:`~spotbook.attempt.commit_order.CommitOrder`, which holds it while a
+snapshot written in the background covers it.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class CellLoop:
     async def _run_cells(self, start: int) -> None:
         run = self.run
         notice, journal, snaps = run.notice, run.journal, self.snapshots
+        order = snaps.order
         assert run.session is not None and notice is not None
         limits = run.spec.limits
         runnable = [i for i, c in enumerate(run.nb.cells) if nbs.executable(c)]
@@ -142,13 +145,9 @@ class CellLoop:
                     try:
                         background = await snaps.start(index)
                     except Terminated:
-                        journal.commit(index, record)  # as a synchronous one cut short
+                        order.record(index, record)  # as a synchronous one cut short
                         raise
-            if background or (snaps.pending and not snap_due):
-                # committed once the snapshot in the background is (the same order as a
-                # synchronous snapshot keeps)
-                snaps.hold(index, record)
-            elif snap_due:
+            if snap_due and not background:
                 # Snapshot before the record: once a cell is committed, its effects are
                 # in the store too (when the policy snapshots), so a kill after the
                 # commit never makes a resume run it again. (Never after the last cell:
@@ -157,12 +156,11 @@ class CellLoop:
                     async with run.kernel_may_die(index, "while taking the snapshot after cell"):
                         await snaps.take(index)
                 except Terminated:
-                    journal.commit(index, record)
+                    order.record(index, record)
                     raise
-                journal.commit(index, record)
-            else:
-                journal.commit(index, record)
-            journal.recommit_updated_displays(index, run.session, snaps.held())
+            # now, or once the snapshot being written in the background is committed
+            order.record(index, record)
+            journal.recommit_updated_displays(index, run.session, order.held())
             if bar is not None:
                 bar.advance(len(run.nb.cells) if index == last else index + 1)
             if status is CellStatus.FAILED:

@@ -27,7 +27,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import SnapshotIntegrityError, StorageError, Terminated
@@ -38,6 +38,7 @@ from .._models import (
     SnapshotMode,
 )
 from ..store.runstore import CellKey
+from .commit_order import CommitOrder
 from .kernel_ops import KernelOps, storage_failure
 from .run_files import RunFiles
 
@@ -58,7 +59,8 @@ class CannotRebuild(Exception):
 
 @dataclass
 class Pending:
-    """A background snapshot being written, and the records waiting for it."""
+    """A background snapshot being written (the records waiting for it are held by the
+    attempt's :class:`CommitOrder`)."""
 
     index: int  # the cell it follows
     pid: int  # the kernel's copy that writes it
@@ -67,7 +69,6 @@ class Pending:
     pause: float  # what it stopped the notebook for
     # the run's files, staged at the boundary (the large ones being saved meanwhile)
     files: asyncio.Future[dict[str, Any]] | None = None
-    held: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     # commits it (and the held records) the moment it is complete, even mid-cell
     task: asyncio.Task[None] | None = None
     # written by a thread of the kernel itself (staged: the kernel must not fork), so
@@ -120,6 +121,8 @@ class Snapshots:
         policy = runner.spec.snapshot
         self.background = self.enabled and policy.background
         self.pending: Pending | None = None
+        # every finished cell's record commits through it, after the snapshot covering it
+        self.order = CommitOrder(runner.journal.commit)
         self.pauses: list[float] = []  # what each background snapshot stopped the notebook for
         self._last_task: asyncio.Task[None] | None = None  # the latest, until settled
         # the cost measured last was a background snapshot's (it does not grow with the
@@ -345,6 +348,7 @@ class Snapshots:
         files = await self._capture_files(index)
         pause = time.monotonic() - m0
         p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause, files, staged=staged)
+        self.order.writing(index)
         p.task = self._last_task = asyncio.ensure_future(self._complete(p))
         self.pauses.append(pause)
         self.compute_since = 0.0
@@ -427,11 +431,11 @@ class Snapshots:
             written = time.monotonic() - p.started
             self._commit(p.index, found, cost=cost, written=written, pause=p.pause)
         except (OSError, StorageError) as exc:
-            self.pending = None  # the held records are not committed: their cells rerun
+            self._lose(p)  # the held records are not committed: their cells rerun
             raise self._unwritable(p.index, exc) from None
         except RuntimeError as exc:
             if storage_failure(exc):
-                self.pending = None
+                self._lose(p)
                 raise self._unwritable(p.index, exc) from None
             reason = f"the snapshot after cell {p.index} failed in the kernel ({exc})"
             self.run.journal.attempt_rec["snapshots_off"] = reason
@@ -454,18 +458,6 @@ class Snapshots:
             f"cell {index - 1} is saved. Free space in (or restore access to) the run store, "
             f"then `spotbook resume {self.run.store.url}`"
         )
-
-    def hold(self, index: int, record: dict[str, Any]) -> None:
-        """Keep a finished cell's record until the snapshot in the background commits
-        (at once, if it already has)."""
-        if self.pending is None:
-            self.run.journal.commit(index, record)
-        else:
-            self.pending.held.append((index, record))
-
-    def held(self) -> dict[int, dict[str, Any]]:
-        """The records waiting for the snapshot in the background, by cell."""
-        return {} if self.pending is None else dict(self.pending.held)
 
     async def settle(self, *, wait: bool, deadline: float | None = None) -> None:
         """Raise what the background snapshot met, once it has finished. ``wait``: until
@@ -492,9 +484,12 @@ class Snapshots:
     def _release(self, p: Pending) -> None:
         if self.pending is p:
             self.pending = None
-        for index, record in p.held:
-            self.run.journal.commit(index, record)
-        p.held.clear()
+            self.order.written()
+
+    def _lose(self, p: Pending) -> None:
+        if self.pending is p:
+            self.pending = None
+            self.order.lost()
 
     def _give_up(self, p: Pending) -> None:
         if not p.staged:  # (a staged one's writer is a thread of the kernel: left be)
