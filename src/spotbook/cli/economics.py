@@ -149,14 +149,7 @@ MAX_HAZARD = 3600.0  # one preemption a second
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from ..economics.simulate import (
-        HOUR,
-        auto_interval,
-        best_interval,
-        profile_from_run,
-        simulate,
-        young_daly,
-    )
+    from ..economics.simulate import profile_from_run, simulate_strategies
 
     _check_simulate_flags(args)
     profile = profile_from_run(open_run(args.run))
@@ -168,66 +161,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--hazard {args.hazard}: at most {MAX_HAZARD:g} preemptions an hour")
     if duration is not None:
         profile = profile.tiled(duration)
-    trace = _trace(args.trace)
-    mtbf = HOUR / hazard if hazard else float("inf")
-    optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard else None
-    rows = [
-        ("resume, auto policy", "resume", auto_interval(profile, hazard)),
-        ("resume, Young/Daly interval", "resume", optimal),
-        ("restart from scratch", "restart", None),
-    ]
-    if args.interval is not None:
-        rows.insert(2, (f"resume, every {args.interval:g} s", "resume", args.interval))
-    common = {
-        "hazard_per_hour": hazard,
-        "delay": args.delay,
-        "trials": args.trials,
-        "seed": args.seed,
-        "trace": trace,
-    }
-    first = {"resume, auto policy": profile.first_snapshot_after}
-    results = [
-        (name, simulate(profile, s, interval=iv, first_interval=first.get(name), **common))
-        for name, s, iv in rows
-        if s == "restart" or iv is not None
-    ]
-    check = (
-        best_interval(
-            profile,
-            hazard_per_hour=hazard,
-            delay=args.delay,
-            trials=max(args.trials // 5, 50),
-            seed=args.seed,
-        )
-        if hazard
-        else None
+    result = simulate_strategies(
+        profile,
+        hazard_per_hour=hazard,
+        delay=args.delay,
+        trials=args.trials,
+        seed=args.seed,
+        interval=args.interval,
+        trace=_trace(args.trace),
     )
-    doc = {
-        "profile": {
-            "source": profile.source,
-            "cells": profile.count,
-            "compute_hours": round(profile.compute / HOUR, 4),
-            "snapshot_seconds": round(profile.snapshot_seconds, 4),
-            "snapshot_measured": profile.snapshot_measured,
-            "start_seconds": round(profile.start_seconds, 3),
-            "restore_seconds": round(profile.restore_seconds, 3),
-        },
-        "hazard_per_hour": hazard,
-        "delay_seconds": args.delay,
-        "strategies": {
-            name: {
-                "interval_seconds": None if e.interval is None else round(e.interval, 3),
-                "cost_ratio": round(e.cost_ratio, 4),
-                "finish_hours": round(e.finish_seconds / HOUR, 4),
-                "finish_ratio": round(e.finish_ratio, 4),
-                "preemptions": round(e.preemptions, 3),
-                "cost_ratio_p10_p90": [round(e.spread["p10"], 4), round(e.spread["p90"], 4)],
-                "trials": e.trials,
-            }
-            for name, e in results
-        },
-        "snapshot_interval": check,
-    }
+    doc = result.to_json()
+    check = result.interval_check
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

@@ -533,3 +533,98 @@ def best_interval(
         "cost_at_best": costs[best],
         "grid": {round(t, 3): round(c, 5) for t, c in costs.items()},
     }
+
+
+@dataclass
+class Simulation:
+    """``spotbook simulate``'s result: a run's profile under one hazard, each strategy's
+    estimate, and Young/Daly's interval checked against the simulation."""
+
+    profile: Profile
+    hazard_per_hour: float
+    delay: float
+    estimates: list[tuple[str, Estimate]]  # by the strategy's name, in the table's order
+    interval_check: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "profile": {
+                "source": p.source,
+                "cells": p.count,
+                "compute_hours": round(p.compute / HOUR, 4),
+                "snapshot_seconds": round(p.snapshot_seconds, 4),
+                "snapshot_measured": p.snapshot_measured,
+                "start_seconds": round(p.start_seconds, 3),
+                "restore_seconds": round(p.restore_seconds, 3),
+            },
+            "hazard_per_hour": self.hazard_per_hour,
+            "delay_seconds": self.delay,
+            "strategies": {
+                name: {
+                    "interval_seconds": None if e.interval is None else round(e.interval, 3),
+                    "cost_ratio": round(e.cost_ratio, 4),
+                    "finish_hours": round(e.finish_seconds / HOUR, 4),
+                    "finish_ratio": round(e.finish_ratio, 4),
+                    "preemptions": round(e.preemptions, 3),
+                    "cost_ratio_p10_p90": [round(e.spread["p10"], 4), round(e.spread["p90"], 4)],
+                    "trials": e.trials,
+                }
+                for name, e in self.estimates
+            },
+            "snapshot_interval": self.interval_check,
+        }
+
+
+def simulate_strategies(
+    profile: Profile,
+    *,
+    hazard_per_hour: float,
+    delay: float,
+    trials: int,
+    seed: int = 0,
+    interval: float | None = None,
+    trace: Sequence[float] | None = None,
+) -> Simulation:
+    """Each strategy on ``profile``: resume under the auto policy and at Young/Daly's
+    interval (and at ``interval``, if given), and restart from scratch."""
+    mtbf = HOUR / hazard_per_hour if hazard_per_hour else float("inf")
+    optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard_per_hour else None
+    rows: list[tuple[str, str, float | None]] = [
+        ("resume, auto policy", "resume", auto_interval(profile, hazard_per_hour)),
+        ("resume, Young/Daly interval", "resume", optimal),
+        ("restart from scratch", "restart", None),
+    ]
+    if interval is not None:
+        rows.insert(2, (f"resume, every {interval:g} s", "resume", interval))
+    first = {"resume, auto policy": profile.first_snapshot_after}
+    estimates = [
+        (
+            name,
+            simulate(
+                profile,
+                strategy,
+                interval=every,
+                first_interval=first.get(name),
+                hazard_per_hour=hazard_per_hour,
+                delay=delay,
+                trials=trials,
+                seed=seed,
+                trace=trace,
+            ),
+        )
+        for name, strategy, every in rows
+        if strategy == "restart" or every is not None
+    ]
+    check = (
+        best_interval(
+            profile,
+            hazard_per_hour=hazard_per_hour,
+            delay=delay,
+            trials=max(trials // 5, 50),
+            seed=seed,
+        )
+        if hazard_per_hour
+        else None
+    )
+    return Simulation(profile, hazard_per_hour, delay, estimates, check)
