@@ -331,7 +331,7 @@ def prepare_run(
         if frozen is None or not store.input_matches(existing, frozen):
             raise store.seal.refuse("input.ipynb", "does not match the hash sealed in run.json")
         if store.seal.legacy:  # an older store stays what it is (see LEGACY_ENV)
-            store.write_json("run.json", {**existing, "spec": spec.to_json()})
+            store.write_run({**existing, "spec": spec.to_json()})
             return store
         # a generation more than the one checked: an attempt from now on is refused
         # beside the run.json of before (its limits and flags) if that one is put back
@@ -342,7 +342,7 @@ def prepare_run(
             generation=store.run_generation + 1,
             fmt=store.seal.format,  # its objects so far are sealed in that format
         )
-        store.write_json("run.json", {**existing, "spec": spec.to_json(), "seal": seal})
+        store.write_run({**existing, "spec": spec.to_json(), "seal": seal})
         return store
     if existing is not None:
         # --restart: a new run at this place, under a new id. Every object the old run
@@ -359,14 +359,13 @@ def prepare_run(
     seal = store.seal_run(key or load_key(), spec.to_json(), frozen)
     json.dumps(spec.to_json())
     store.write("input.ipynb", frozen)
-    store.write_json(
-        "run.json",
+    store.write_run(
         {
             "spec": spec.to_json(),
             "status": RunStatus.PENDING.value,
             "restart": restart,
             "seal": seal,
-        },
+        }
     )
     if identity is not None and not is_url(url):
         _note_identity(url, identity, spec.run_id)

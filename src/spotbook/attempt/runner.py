@@ -98,11 +98,16 @@ class Runner:
     def __init__(self, store: RunStore, options: RunnerOptions | None = None) -> None:
         self.store = store
         self.opts = options or RunnerOptions()
-        # Nothing from the store is used before its seal is checked (exit 2 if not).
-        strict = self.opts.strict_resume or bool(
-            (store.read_json("run.json") or {}).get("spec", {}).get("strict_resume")
-        )
-        run = store.unseal(strict=strict)
+        run, store.checked_run = store.checked_run, None
+        if run is None or store.seal is None or store.seal.legacy:
+            # Nothing from the store is used before its seal is checked (exit 2 if not);
+            # a store this process prepared (``prepare_run``) was checked and sealed there
+            strict = self.opts.strict_resume or bool(
+                (store.read_json("run.json") or {}).get("spec", {}).get("strict_resume")
+            )
+            run = store.unseal(strict=strict)
+        else:
+            store.refuse_links()  # as unseal does: nothing is read through a link
         self.spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
         raw = store.read("input.ipynb")
         assert store.seal is not None

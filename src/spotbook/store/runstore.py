@@ -313,6 +313,10 @@ class RunStore:
         # attempt record carries the one it ran under, so an older run.json put back in
         # place of a newer one (an earlier command's limits or flags) is refused
         self.run_generation = 0
+        # run.json as the command that sealed it wrote it (``write_run``): the runner
+        # that follows in the same process takes it instead of reading and checking it
+        # again (once: what an attempt writes after it changes run.json's status)
+        self.checked_run: dict[str, Any] | None = None
         self._seq: dict[int, int] = {}  # attempt -> records it wrote (a record's ``seq``)
 
     def __repr__(self) -> str:
@@ -524,7 +528,7 @@ class RunStore:
         info = run.get("seal")
         if not isinstance(spec, dict) or not isinstance(spec.get("run_id"), str):
             raise StoreIntegrityError(f"{self.url}/run.json holds no valid run spec")
-        self.backend.refuse_links(_TRUSTED, _TRUSTED_DIRS)
+        self.refuse_links()
         if info is None:
             self.seal = self._legacy_seal(spec["run_id"], strict)
             return run
@@ -555,6 +559,15 @@ class RunStore:
         self.seal = seal
         self.run_generation = generation
         return run
+
+    def refuse_links(self) -> None:
+        """Refuse a store whose trusted files or folders are symbolic links."""
+        self.backend.refuse_links(_TRUSTED, _TRUSTED_DIRS)
+
+    def write_run(self, doc: dict[str, Any]) -> None:
+        """run.json, written whole by the command that sealed it (``seal_run``)."""
+        self.write_json("run.json", doc)
+        self.checked_run = doc
 
     # -- the Job's record ----------------------------------------------------------
     def write_job_record(
