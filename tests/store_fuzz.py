@@ -15,16 +15,22 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import random
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ALARM = 30  # seconds one command may take before it counts as hung
+# seconds one command may take before it counts as hung, at least; on a slower machine
+# ten times what the control (the unchanged store, run first, given CONTROL_ALARM) took:
+# a resume that runs cells on a loaded machine took more than 30 s without hanging
+ALARM = 30
+CONTROL_ALARM = 600
 
 Mutation = Callable[[Path, random.Random], str | None]  # what it changed, if it says
 
@@ -141,14 +147,16 @@ def _ring(signum: int, frame: Any) -> None:
     raise _Hang
 
 
-def run_command(argv: list[str]) -> dict[str, Any]:
-    """``spotbook ARGV`` in this process: exit code, a traceback printed, a hang."""
+def run_command(argv: list[str], alarm: int = ALARM) -> dict[str, Any]:
+    """``spotbook ARGV`` in this process: exit code, a traceback printed, a hang (past
+    ``alarm`` seconds), and the seconds it took."""
     from spotbook.cli.main import main
 
     err, out = io.StringIO(), io.StringIO()
     logging.root.handlers.clear()  # main() sets up logging to the stderr of its call
     hung = False
-    signal.alarm(ALARM)
+    t0 = time.monotonic()
+    signal.alarm(alarm)
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             try:
@@ -163,6 +171,7 @@ def run_command(argv: list[str]) -> dict[str, Any]:
     return {
         "code": code,
         "hung": hung,
+        "seconds": round(time.monotonic() - t0, 3),
         "traceback": "Traceback" in text or "internal error" in text,
         "stderr": text[-600:],
     }
@@ -181,6 +190,7 @@ def main() -> None:
     only = set(sys.argv[4:])
     signal.signal(signal.SIGALRM, _ring)
     rng = random.Random(seed)
+    took: dict[str, float] = {}  # each command's time on the control
     for n, (rel, name, mutate) in enumerate(_cases(template), 1):
         case = work / f"case{n}"
         rd = case / "rd"
@@ -193,7 +203,11 @@ def main() -> None:
         for argv in commands(rd, case):
             if only and argv[0] not in only:
                 continue
-            row = run_command(argv)
+            if name == "none":  # the control, first: its time sets the others' alarm
+                row = run_command(argv, CONTROL_ALARM)
+                took[argv[0]] = float(row["seconds"])
+            else:
+                row = run_command(argv, max(ALARM, math.ceil(10 * took.get(argv[0], 0.0))))
             print(json.dumps({"object": str(rel), "mutation": named, "argv": argv[0:1], **row}))
             sys.stdout.flush()
         shutil.rmtree(case, ignore_errors=True)
