@@ -590,7 +590,9 @@ def test_a_store_sealed_with_the_key_itself_still_resumes(
 ) -> None:
     """Runs sealed before the derived key (format 1) resume to their end in format 1: the
     records the resume adds are checked with the key itself, as the older ones are, and
-    `spotbook run` of the same notebook, which re-seals run.json, keeps that format."""
+    `spotbook run` of the same notebook, which re-seals run.json, keeps that format. (On
+    the same node, not a wiped one: what it checks is the seal's format, which the node
+    does not change; test_node_loss resumes sealed stores on wiped nodes.)"""
     copy = Copy(template, f"f1-{tmp_path.name}", tmp_path)
     _as_format_one(copy)
     fresh = RunStore(copy.url)
