@@ -33,7 +33,15 @@ from .._errors import UsageError
 from .._models import Outcome
 from .._status import describe
 from ..store.runstore import RunStore
-from .simulate import HOUR, Estimate, Profile, auto_interval, profile_from_run, simulate
+from .simulate import (
+    HOUR,
+    Estimate,
+    Profile,
+    auto_interval,
+    profile_from_run,
+    simulate,
+    snapshot_costs,
+)
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -240,15 +248,11 @@ def _observed(stores: list[RunStore]) -> _Seen:
         if points:
             seen.taken.append(points)
         for key in store.snapshot_keys().values():
-            # as profile_from_run reads them: the pause the policy counted, and for a
-            # background one, the time until its blobs were in the store
-            doc = store.read_snapshot(key) or {}
-            if doc.get("kernel_seconds") is None:
-                continue
-            pause = doc.get("cost_seconds", doc.get("pause_seconds", doc["kernel_seconds"]))
-            seen.pauses.append(float(pause))
-            if doc.get("pause_seconds") is not None:
-                seen.writes.append(float(doc.get("written_seconds", doc["kernel_seconds"])))
+            measured = snapshot_costs(store.read_snapshot(key) or {})
+            if measured is not None:
+                seen.pauses.append(measured[1])
+                if measured[2] is not None:
+                    seen.writes.append(measured[2])
     return seen
 
 

@@ -95,6 +95,21 @@ class Profile:
         )
 
 
+def snapshot_costs(doc: dict[str, Any]) -> tuple[float, float, float | None] | None:
+    """A snapshot manifest's measured costs: the kernel's writing, what the policy
+    counted it as costing the notebook (older manifests: the pause, or the writing of a
+    synchronous one), and for a background one the time until its blobs were in the
+    store (None for a synchronous one); None where it measured nothing."""
+    if doc.get("kernel_seconds") is None:
+        return None
+    kernel = float(doc["kernel_seconds"])
+    cost = float(doc.get("cost_seconds", doc.get("pause_seconds", kernel)))
+    written = None
+    if doc.get("pause_seconds") is not None:
+        written = float(doc.get("written_seconds", kernel))
+    return kernel, cost, written
+
+
 def profile_from_run(store: RunStore) -> Profile:
     """The profile of the run in ``store``: its cells' durations, its snapshots' mean
     cost (the kernel's side), and its attempts' kernel start and restore times."""
@@ -109,17 +124,13 @@ def profile_from_run(store: RunStore) -> Profile:
     writes = []  # what writing each took (the same for a synchronous one)
     background = []  # of those, written in the background while the cells went on
     for key in store.snapshot_keys().values():
-        doc = store.read_snapshot(key) or {}
-        if doc.get("kernel_seconds") is not None:
-            writes.append(float(doc["kernel_seconds"]))
-            # what the policy counted it as costing (older manifests: the pause, or the
-            # writing of a synchronous one)
-            costs.append(
-                float(doc.get("cost_seconds", doc.get("pause_seconds", doc["kernel_seconds"])))
-            )
-            if doc.get("pause_seconds") is not None:
-                # until its blobs were in the store (an object store's upload included)
-                background.append(float(doc.get("written_seconds", doc["kernel_seconds"])))
+        measured = snapshot_costs(store.read_snapshot(key) or {})
+        if measured is not None:
+            kernel, cost, written = measured
+            writes.append(kernel)
+            costs.append(cost)
+            if written is not None:  # (an object store's upload included)
+                background.append(written)
     attempts = describe(store)["attempts"]
     kernels = [float(a["kernel_start_seconds"]) for a in attempts if a.get("kernel_start_seconds")]
     restores = [float(a["restore_seconds"]) for a in attempts if a.get("restore_seconds")]
