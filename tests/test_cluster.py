@@ -210,6 +210,9 @@ def test_preempted_pod_is_replaced_and_wait_reports_it(work: Path, kube: FakeKub
     assert every.index("==> pod p1") < every.index("tick 0") < every.index("==> pod p2")
     listing = cli("runs", "--cluster", cwd=work, env=kube.env)
     assert run_id in listing.stdout and "succeeded" in listing.stdout
+    rows = json.loads(cli("runs", "--cluster", "--json", cwd=work, env=kube.env).stdout)
+    # the preempted pod is not counted as failed (the failure policy ignores a disruption)
+    assert [(r["run"], r["state"], r["failed_pods"]) for r in rows] == [(run_id, "succeeded", 0)]
 
     # the dashboard finds it through its Job, and shows the pod's log
     from spotbook.view.dashboard import Sources, create_app

@@ -54,11 +54,13 @@ if TYPE_CHECKING:
     from .ops.plans import PlanRun, run_plan
     from .ops.runs import (
         Cancelled,
+        ClusterJobs,
         LocalRunner,
         Recovered,
         Removed,
         RunListing,
         cancel_run,
+        cluster_jobs,
         cluster_runs,
         find_runs,
         gc_runs,
@@ -110,6 +112,8 @@ _LAZY = {
     "Removed": ".ops.runs",
     "find_runs": ".ops.runs",
     "cluster_runs": ".ops.runs",
+    "cluster_jobs": ".ops.runs",
+    "ClusterJobs": ".ops.runs",
     "RunListing": ".ops.runs",
     # a run as HTML (needs spotbook[ui])
     "render_report": ".view.report",
@@ -148,6 +152,7 @@ __all__ = [
     "CellStatus",
     "CellTimeoutError",
     "ClusterError",
+    "ClusterJobs",
     "CommandFailedError",
     "DrillReport",
     "ExecutionTimeoutError",
@@ -186,6 +191,7 @@ __all__ = [
     "UsageError",
     "cancel_run",
     "checkpoint_dir",
+    "cluster_jobs",
     "cluster_runs",
     "drill",
     "execute_notebook",

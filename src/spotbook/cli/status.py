@@ -12,8 +12,6 @@ from typing import Any
 
 from .._errors import SpotbookError
 from .._models import AttemptRecord, NoticeCell
-from ..kube.manifest import ANNOTATION_RUN_DIR
-from ..ops.jobs import cluster_for
 from ..ops.runs import (
     gc_runs,
     list_runs,
@@ -254,28 +252,17 @@ def _took(seconds: float | None) -> str:
 
 
 def _cluster_runs(args: argparse.Namespace) -> int:
-    from ..kube.jobs import JobState, job_view
-    from ..kube.manifest import LABEL_RUN
+    from ..ops.runs import cluster_jobs
 
-    with cluster_for(args.context, args.namespace) as cluster:
-        jobs = cluster.list_jobs(all_namespaces=args.all_namespaces)
-    if not jobs:
-        where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace!r}"
-        print(f"no spotbook Jobs in {where} (context {cluster.context_name})")
+    found = cluster_jobs(args.context, args.namespace, all_namespaces=args.all_namespaces)
+    if args.json:
+        print(json.dumps([j.to_json() for j in found.jobs], indent=2, sort_keys=True))
+        return 0
+    if not found.jobs:
+        where = "any namespace" if found.all_namespaces else f"namespace {found.namespace!r}"
+        print(f"no spotbook Jobs in {where} (context {found.context})")
         return 0
     print(f"{'RUN':<24} {'NAMESPACE':<12} {'STATE':<10} {'FAILED PODS':>11}  RUN DIR")
-    for job in sorted(jobs, key=lambda j: j["metadata"].get("creationTimestamp") or ""):
-        meta = job["metadata"]
-        view = job_view(job, [])
-        st = job.get("status") or {}
-        state = (
-            view["state"]
-            if view["state"] in (JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED)
-            else ("active" if st.get("active") else JobState.PENDING)
-        )
-        run_dir = (meta.get("annotations") or {}).get(ANNOTATION_RUN_DIR, "")
-        print(
-            f"{(meta.get('labels') or {}).get(LABEL_RUN, meta['name']):<24} "
-            f"{meta.get('namespace', ''):<12} {state:<10} {st.get('failed', 0):>11}  {run_dir}"
-        )
+    for j in found.jobs:
+        print(f"{j.run:<24} {j.namespace:<12} {j.state:<10} {j.failed_pods:>11}  {j.run_dir}")
     return 0

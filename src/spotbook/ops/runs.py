@@ -277,6 +277,71 @@ def _find_under(fs: Any, root: str, base: str, depth: int, listing: RunListing) 
             listing.errors.append(f"{url}: {exc}")
 
 
+@dataclass(frozen=True)
+class ClusterJob:
+    """One Job spotbook made, as the cluster lists it (``runs --cluster``)."""
+
+    run: str  # the run's id (its Job's label), or the Job's name
+    namespace: str
+    state: str  # succeeded, failed, queued, active or pending
+    failed_pods: int
+    run_dir: str  # the store its annotation names ("" when it has none)
+    created: str  # creationTimestamp, RFC 3339
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "namespace": self.namespace,
+            "state": self.state,
+            "failed_pods": self.failed_pods,
+            "run_dir": self.run_dir,
+            "created": self.created,
+        }
+
+
+@dataclass(frozen=True)
+class ClusterJobs:
+    """The Jobs spotbook made in a namespace (or every one), oldest first."""
+
+    context: str
+    namespace: str
+    all_namespaces: bool
+    jobs: list[ClusterJob]
+
+
+def cluster_jobs(
+    context: str | None = None, namespace: str | None = None, all_namespaces: bool = False
+) -> ClusterJobs:
+    """The spotbook Jobs on the cluster with their live state, from the Jobs alone (no
+    store is read: ``cluster_runs`` gives each run's own report)."""
+    from ..kube.jobs import JobState, job_view
+    from ..kube.manifest import LABEL_RUN
+
+    with cluster_for(context, namespace) as cluster:
+        listed = cluster.list_jobs(all_namespaces=all_namespaces)
+    rows = []
+    for job in sorted(listed, key=lambda j: j["metadata"].get("creationTimestamp") or ""):
+        meta = job["metadata"]
+        view = job_view(job, [])
+        st = job.get("status") or {}
+        state = (
+            view["state"]
+            if view["state"] in (JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED)
+            else ("active" if st.get("active") else JobState.PENDING)
+        )
+        rows.append(
+            ClusterJob(
+                run=(meta.get("labels") or {}).get(LABEL_RUN, meta["name"]),
+                namespace=meta.get("namespace", ""),
+                state=str(state),
+                failed_pods=int(st.get("failed", 0)),
+                run_dir=(meta.get("annotations") or {}).get(ANNOTATION_RUN_DIR, ""),
+                created=meta.get("creationTimestamp") or "",
+            )
+        )
+    return ClusterJobs(cluster.context_name, cluster.namespace, all_namespaces, rows)
+
+
 def cluster_runs(
     context: str | None = None, namespace: str | None = None, all_namespaces: bool = False
 ) -> RunListing:
