@@ -36,7 +36,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 300) -> None:
+    """Wait until the server ``proc`` answers on ``port``. ``timeout`` only bounds a hang:
+    a server's start takes what the machine's load makes it take (a jupyter server took
+    over 30 s under CI's load, ci19). A server that never answers is killed before the
+    error, so no process outlives the test that started it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -45,6 +49,8 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: flo
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)  # a poll: the server's port answering is the event
+    proc.kill()
+    proc.wait()
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s")
 
 
