@@ -1,9 +1,7 @@
 """The worker image, built and preempted for real with podman (rootful, as CI runs).
 
-No container registry is reachable here, so the base is made locally: `debootstrap`
-(Debian's minimal bookworm with python3, from this machine's own apt mirror) imported
-with `podman import`, and cached under .cache/containers/. The CPU image is built from
-the checkout on that base (docker/Dockerfile's BASE argument) and run against the S3
+The image is built from the checkout on a local Debian base (tests/container_image.py,
+which scripts/check.sh starts in the background during the setup) and run against the S3
 server on loopback (host network), through the fault proxy. What the kubelet does to a
 pod is done to the container: `podman stop -t N` (SIGTERM, SIGKILL after N s) and
 `podman kill -s KILL`; a new container then resumes the run.
@@ -17,9 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import tarfile
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,114 +25,22 @@ import pytest
 from spotbook import __version__
 
 from .conftest import cli, comparable, wait_for, write_notebook
+from .container_image import IMAGE, build_image, podman, podman_works
 from .servers import Storage
 
-ROOT = Path(__file__).parent.parent
-CONF = Path(__file__).parent / "containers.conf"
-CACHE = ROOT / ".cache" / "containers"
-BASE = "localhost/spotbook-base:bookworm"
-IMAGE = "localhost/spotbook:test"
 KEY_IN_POD = "/var/run/secrets/spotbook/key"
-CA = "/etc/ssl/certs/ca-certificates.crt"
 
 # one pytest-xdist worker runs them all (conftest.ONE_WORKER says why)
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 
 
-def podman(
-    *args: str, check: bool = True, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(
-        ["podman", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CONTAINERS_CONF": str(CONF)},
-        timeout=timeout,
-        check=False,
-    )
-    if check and r.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)}: exit {r.returncode}\n{r.stderr[-2000:]}")
-    return r
-
-
-def _podman_works() -> str:
-    """Why podman cannot run containers here, or ""."""
-    if shutil.which("podman") is None:
-        return "podman is not installed (scripts/check.sh installs it where it runs as root)"
-    if os.geteuid() != 0:
-        return "the container tests use rootful podman"
-    r = podman("info", check=False, timeout=120)
-    return "" if r.returncode == 0 else f"`podman info` fails: {r.stderr.strip()[-300:]}"
-
-
-def _apt_mirror() -> str:
-    """This machine's Debian mirror, from its own apt sources."""
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        for line in path.read_text().splitlines():
-            if line.startswith("URIs:") and "security" not in line:
-                return line.split()[1]
-    for line in Path("/etc/apt/sources.list").read_text().splitlines():
-        if line.startswith("deb ") and "security" not in line:
-            return line.split()[1]
-    raise AssertionError("no Debian mirror in /etc/apt sources for debootstrap")
-
-
-def _base_image() -> None:
-    """The local base (Debian bookworm minbase with python3 and venv), made once."""
-    if podman("image", "exists", BASE, check=False).returncode == 0:
-        return
-    cached = CACHE / "base-bookworm.tar"
-    if cached.exists():
-        podman("load", "-i", str(cached))
-        return
-    assert shutil.which("debootstrap"), "debootstrap is installed by scripts/check.sh"
-    with tempfile.TemporaryDirectory() as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        subprocess.run(
-            [
-                "debootstrap",
-                "--variant=minbase",
-                "--include=python3,python3-venv,ca-certificates",
-                "bookworm",
-                str(rootfs),
-                _apt_mirror(),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
-        archive = Path(tmp) / "rootfs.tar"
-        with tarfile.open(archive, "w") as tar:
-            tar.add(rootfs, arcname=".")
-        podman("import", str(archive), BASE)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    podman("save", "-o", str(cached), BASE)
-
-
 @pytest.fixture(scope="session")
 def image() -> dict[str, Any]:
     """The CPU worker image built from this checkout; its build time and size."""
-    why = _podman_works()
+    why = podman_works()
     if why:
         pytest.skip(f"opt-in: {why}")
-    _base_image()
-    t0 = time.monotonic()
-    podman(
-        "build",
-        "--network",
-        "host",
-        "-v",
-        f"{CA}:{CA}:ro",  # pip inside the build reaches the package index over TLS
-        "--build-arg",
-        f"BASE={BASE}",
-        "-f",
-        "docker/Dockerfile",
-        "-t",
-        IMAGE,
-        str(ROOT),
-        timeout=1800,
-    )
-    took = time.monotonic() - t0
+    took = build_image()
     size = int(podman("image", "inspect", IMAGE, "--format", "{{.Size}}").stdout.strip())
     print(f"\ncontainer image: built in {took:.1f} s, {size / 1e6:.0f} MB")
     return {"build_seconds": took, "size": size}
