@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -235,6 +236,29 @@ def _own_index_of_runs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: An
     monkeypatch.setenv("SPOTBOOK_DATA_DIR", str(tmp_path_factory.mktemp("data")))
 
 
+DURATIONS = Path(__file__).parent / "durations.json"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests first, so the workers end together instead of one finishing a
+    long test alone at the end (longest-first scheduling). What a test takes comes from
+    tests/durations.json (scripts/test_durations.py writes it from a `--durations=0` log);
+    a test it does not name counts as short. A file's tests stay together, its longest
+    first, so its module-scoped fixtures are made once per worker, and files go in the
+    order of their longest test. Only the order changes: every test still runs."""
+    try:
+        took: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    for tests in files.values():
+        tests.sort(key=lambda i: -took.get(i.nodeid, 0.0))
+    ordered = sorted(files.values(), key=lambda tests: -took.get(tests[0].nodeid, 0.0))
+    items[:] = [item for tests in ordered for item in tests]
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The fidelity matrix's count: cases (patterns x kill points) identical, named, failed;
     and the tamper suite's: attacks refused."""
@@ -273,6 +297,29 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
 
 
+def made_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]
+) -> Any:
+    """``make(folder)``'s result (JSON), made once for the whole test session: the first
+    pytest-xdist worker to ask makes it while the others wait on a lock (an event, not a
+    guess), then every worker reads it. For what the tests only read, such as an
+    uninterrupted reference run's outputs: each worker would otherwise make its own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    done = root / f"made-once-{name}.json"
+    with open(root / f"made-once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if done.exists():
+            return json.loads(done.read_text())
+        folder = root / f"made-once-{name}"
+        shutil.rmtree(folder, ignore_errors=True)  # a worker that failed making it
+        folder.mkdir()
+        value = make(folder)
+        done.write_text(json.dumps(value))
+        return value
+
+
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
     """A working directory with copies of the repo's test notebooks."""
@@ -290,12 +337,16 @@ def state_env(work: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """state.ipynb run once per session, uninterrupted, on a local store."""
-    where = tmp_path_factory.mktemp("reference")
-    (where / "state.ipynb").write_bytes((NOTEBOOKS / "state.ipynb").read_bytes())
-    env = {"SB_SIDE_FILE": str(where / "side.txt"), "SB_MARKER_FILE": str(where / "m.txt")}
-    r = cli("run", "state.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=env)
-    assert r.returncode == 0, r.stderr
-    return load(where / "ref.ipynb")
+
+    def make(where: Path) -> dict[str, Any]:
+        (where / "state.ipynb").write_bytes((NOTEBOOKS / "state.ipynb").read_bytes())
+        env = {"SB_SIDE_FILE": str(where / "side.txt"), "SB_MARKER_FILE": str(where / "m.txt")}
+        r = cli("run", "state.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=env)
+        assert r.returncode == 0, r.stderr
+        return load(where / "ref.ipynb")
+
+    made: dict[str, Any] = made_once(tmp_path_factory, "state-reference", make)
+    return made
 
 
 def marker_runs(work: Path) -> int:

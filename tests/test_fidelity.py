@@ -32,6 +32,7 @@ from .conftest import (
     cli,
     kill,
     load,
+    made_once,
     note_fidelity,
     on_created,
     start_cli,
@@ -48,16 +49,21 @@ RESUME_ENV = {**ENV, "PYTHONHASHSEED": "random"}
 
 @pytest.fixture(scope="module")
 def fid_reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], float]:
-    """The fidelity notebook run once, uninterrupted: its patterns and its duration."""
-    where = tmp_path_factory.mktemp("fidelity-reference")
-    fnb.write(where / "fid.ipynb")
-    r = cli("run", "fid.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=ENV)
-    assert r.returncode == 0, r.stderr
-    nb = load(where / "ref.ipynb")
-    found = fnb.patterns(nb)
-    assert len(found) >= 40 and "Traceback" not in json.dumps(found)
-    seconds = float(nb["metadata"]["papermill"]["duration"])
-    assert seconds > 0
+    """The fidelity notebook run once, uninterrupted (once for every worker): its patterns
+    and its duration."""
+
+    def make(where: Path) -> tuple[dict[str, str], float]:
+        fnb.write(where / "fid.ipynb")
+        r = cli("run", "fid.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=ENV)
+        assert r.returncode == 0, r.stderr
+        nb = load(where / "ref.ipynb")
+        found = fnb.patterns(nb)
+        assert len(found) >= 40 and "Traceback" not in json.dumps(found)
+        seconds = float(nb["metadata"]["papermill"]["duration"])
+        assert seconds > 0
+        return found, seconds
+
+    found, seconds = made_once(tmp_path_factory, "fidelity-reference", make)
     return found, seconds
 
 

@@ -30,7 +30,7 @@ import pytest
 from spotbook.store.runstore import RunStore
 
 from . import node_patterns as npat
-from .conftest import cli, kill, load, start_cli, wait_for
+from .conftest import cli, kill, load, made_once, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
@@ -116,15 +116,21 @@ def node(tmp_path: Path, wheel: Path, served: str) -> Node:
 def nl_reference_run(
     tmp_path_factory: pytest.TempPathFactory, wheel: Path, served: str
 ) -> tuple[dict[str, str], float]:
-    """The node-loss notebook run once, uninterrupted: its patterns and its duration."""
-    n = Node(tmp_path_factory.mktemp("nl-reference") / "node", wheel, served).make()
-    n.release()
-    r = cli("run", "nl.ipynb", "ref.ipynb", "--run-dir", "../ref", cwd=n.work, env=n.env())
-    assert r.returncode == 0, r.stderr
-    nb = load(n.work / "ref.ipynb")
-    found = npat.patterns(nb)
-    assert len(found) >= 30 and "(errors)" not in found, found
-    return found, float(nb["metadata"]["papermill"]["duration"])
+    """The node-loss notebook run once, uninterrupted (once for every worker: its
+    patterns name no path nor port): its patterns and its duration."""
+
+    def make(where: Path) -> tuple[dict[str, str], float]:
+        n = Node(where / "node", wheel, served).make()
+        n.release()
+        r = cli("run", "nl.ipynb", "ref.ipynb", "--run-dir", "../ref", cwd=n.work, env=n.env())
+        assert r.returncode == 0, r.stderr
+        nb = load(n.work / "ref.ipynb")
+        found = npat.patterns(nb)
+        assert len(found) >= 30 and "(errors)" not in found, found
+        return found, float(nb["metadata"]["papermill"]["duration"])
+
+    found, seconds = made_once(tmp_path_factory, "node-loss-reference", make)
+    return found, seconds
 
 
 @pytest.fixture(scope="module")
