@@ -1,5 +1,5 @@
 # Sourced by the other scripts: make .venv (Python >= 3.11) and install spotbook into it.
-# Usage: . scripts/_venv.sh [extras]
+# Usage: . scripts/_venv.sh [extras | --create-only]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-}
@@ -29,6 +29,9 @@ if [ ! -x .venv/bin/python ]; then
     fi
   fi
 fi
+# --create-only: make .venv and stop there (scripts/check.sh, before its other apt
+# installs start, as only one apt may run at a time)
+if [ "${1:-}" = --create-only ]; then rm -f .venv-error.txt; return 0; fi
 # (some machines' pip configs warn about absent local indexes: not ours, hidden)
 quiet() { grep -v "^WARNING: Location" || true; }
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | quiet

@@ -16,16 +16,13 @@ finish() {
   if [ "$rc" != 0 ]; then echo "setup step '$name' failed (exit $rc): see above" >&2; exit 2; fi
 }
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-# Debian packages, in one apt call: venv where this Python lacks it, npm for Azurite,
+. scripts/_venv.sh --create-only  # (which may install python3-venv with apt itself)
+# The other Debian packages, in one apt call: npm for Azurite,
 # podman, runc and debootstrap for the container tests (tests/test_podman.py: rootful, where
 # this script runs as root on a Debian-like machine; elsewhere those tests say why they do
 # not run), Chromium for the dashboard's browser tests (tests/test_view.py; Playwright
 # drives it, and never downloads a browser of its own)
 debs=()
-venv_needs_apt=0
-if [ ! -x .venv/bin/python ] && ! python3 -c "import ensurepip" 2>/dev/null; then
-  debs+=(python3-venv); venv_needs_apt=1
-fi
 if [ ! -x .cache/node/node_modules/.bin/azurite-blob ] && ! command -v npm >/dev/null 2>&1; then
   debs+=(nodejs npm)
 fi
@@ -39,7 +36,6 @@ apt_install() {
 if [ "${#debs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     step apt apt_install "${debs[@]}"
-    if [ "$venv_needs_apt" = 1 ]; then finish apt; fi
   else
     echo "note: not installing ${debs[*]} (needs root and apt-get): the tests that need them say so"
   fi
@@ -65,7 +61,7 @@ airflow_venv() {
     "apache-airflow-providers-papermill==3.13.3" -e ".[papermill]"
 }
 step airflow airflow_venv
-if [ -n "${steps[apt]:-}" ] && [ "$venv_needs_apt" = 0 ]; then finish apt; fi
+if [ -n "${steps[apt]:-}" ]; then finish apt; fi
 # Azurite (Azure's blob storage emulator, from npm) for the az:// tests
 azurite() {
   if [ -x .cache/node/node_modules/.bin/azurite-blob ]; then return; fi
