@@ -40,6 +40,16 @@ if [ "${#debs[@]}" -gt 0 ]; then
     echo "note: not installing ${debs[*]} (needs root and apt-get): the tests that need them say so"
   fi
 fi
+# Airflow, in a venv of its own (its pins are not the suite's), with spotbook installed
+# in it: Airflow's PapermillOperator drives spotbook's papermill engine (tests/test_airflow.py).
+# Started first: it is the setup's longest step, beside the suite's own install
+airflow_venv() {
+  if [ -x .cache/airflow-venv/bin/airflow ]; then return; fi
+  .venv/bin/python -m venv .cache/airflow-venv
+  .cache/airflow-venv/bin/python -m pip install -q "apache-airflow==3.3.2" \
+    "apache-airflow-providers-papermill==3.13.3" -e ".[papermill]"
+}
+step airflow airflow_venv
 . scripts/_venv.sh "[test,demo]"
 # torch's CPU build, where a wheel of it lies on this machine (a plain `pip install
 # torch` would fetch a CUDA build of several GB): the resume tests then cover torch too
@@ -52,15 +62,6 @@ torch_cpu() {
   fi
 }
 step torch torch_cpu
-# Airflow, in a venv of its own (its pins are not the suite's), with spotbook installed
-# in it: Airflow's PapermillOperator drives spotbook's papermill engine (tests/test_airflow.py)
-airflow_venv() {
-  if [ -x .cache/airflow-venv/bin/airflow ]; then return; fi
-  python -m venv .cache/airflow-venv
-  .cache/airflow-venv/bin/python -m pip install -q "apache-airflow==3.3.2" \
-    "apache-airflow-providers-papermill==3.13.3" -e ".[papermill]"
-}
-step airflow airflow_venv
 if [ -n "${steps[apt]:-}" ]; then finish apt; fi
 # Azurite (Azure's blob storage emulator, from npm) for the az:// tests
 azurite() {
