@@ -1,11 +1,13 @@
 """What a ``spotbook`` command costs before it does anything: its process's start.
 
 Every command, and every test that runs one, starts a Python process that imports
-nbformat, whose jsonschema imports ``rfc3987_syntax`` when it is installed (JupyterLab's
-jupyter-events installs it) and builds a grammar's parser on import. The command now
-makes that import fail in its own process (``cli/main.py``); this bench runs the same
-``spotbook status RUN`` both ways, taking turns: as the command runs now, and with the
-module imported first, as every command did before.
+nbformat, whose jsonschema imports the libraries of its optional format checks when they
+are installed (JupyterLab's jupyter-events installs them); ``rfc3987_syntax`` among them
+builds a grammar's parser on import. The command now makes those imports fail in its own
+process (``cli/main.py``); this bench runs the same ``spotbook status RUN`` three ways,
+taking turns: as the command runs now; with only ``rfc3987_syntax`` kept out (the
+others imported first: as commands ran before stop 48); and with every one imported
+first, as commands ran before stop 47.
 
     .venv/bin/python bench/bench_cli_start.py      # ~1 min
 """
@@ -20,10 +22,20 @@ import sys
 import tempfile
 import time
 
-REPS = 7
+REPS = 9
 BEFORE = (
     "import sys, rfc3987_syntax\n"
     "from spotbook.cli.main import main\n"
+    "sys.argv = ['spotbook', *sys.argv[1:]]\n"
+    "sys.exit(main())\n"
+)
+IRI_ONLY = (
+    "import sys, importlib\n"
+    "sys.modules['rfc3987_syntax'] = None\n"
+    "from spotbook.cli.main import FORMAT_CHECK_MODULES, main\n"
+    "for m in FORMAT_CHECK_MODULES[1:]:\n"
+    "    try:\n        importlib.import_module(m)\n"
+    "    except ImportError:\n        pass\n"
     "sys.argv = ['spotbook', *sys.argv[1:]]\n"
     "sys.exit(main())\n"
 )
@@ -53,16 +65,18 @@ def main() -> None:
         run_dir = os.path.join(tmp, "run")
         subprocess.run([sys.executable, "-m", "spotbook", "run", nb, "--run-dir", run_dir,
                         "--no-progress-bar"], env=env, capture_output=True, check=True)  # fmt: skip
-        now, before = [], []
-        for _ in range(REPS):  # taking turns: a drift in the machine's speed hits both
+        now, iri, before = [], [], []
+        for _ in range(REPS):  # taking turns: a drift in the machine's speed hits all
             now.append(timed([sys.executable, "-m", "spotbook", "status", run_dir], env))
+            iri.append(timed([sys.executable, "-c", IRI_ONLY, "status", run_dir], env))
             before.append(timed([sys.executable, "-c", BEFORE, "status", run_dir], env))
-    a, b = statistics.median(now), statistics.median(before)
+    a, m, b = statistics.median(now), statistics.median(iri), statistics.median(before)
     print(f"`spotbook status RUN`, median of {REPS}:")
     print("| | wall s | / before |")
     print("|---|---:|---:|")
-    print(f"| with rfc3987_syntax imported (before) | {b:.3f} | 1.00 |")
-    print(f"| **now** | {a:.3f} | {a / b:.2f} |")
+    print(f"| with rfc3987_syntax imported (before stop 47) | {b:.3f} | 1.00 |")
+    print(f"| without rfc3987_syntax, other checkers imported (stop 47) | {m:.3f} | {m / b:.2f} |")
+    print(f"| **now**: without any format checker's library | {a:.3f} | {a / b:.2f} |")
 
 
 if __name__ == "__main__":

@@ -105,25 +105,34 @@ def test_status_json_and_runs_table(work: Path) -> None:
     assert "succeeded" in human and "4/4" in human
 
 
-def test_a_command_does_not_build_the_iri_grammar(work: Path) -> None:
-    """A command's process imports nbformat but not rfc3987_syntax, whose import builds
-    a grammar's parser (2 s of every command's start; bench/bench_cli_start.py), even
-    where it is installed, as it is in this environment beside JupyterLab."""
+def test_a_command_does_not_import_jsonschemas_format_checkers(work: Path) -> None:
+    """A command's process imports nbformat but not the libraries of jsonschema's optional
+    format checks, among them rfc3987_syntax, whose import builds a grammar's parser (2 s
+    of every command's start; bench/bench_cli_start.py), even where they are installed,
+    as they are in this environment beside JupyterLab; and a command that reads a
+    notebook (nbformat validates it) still works without them."""
     import importlib.util
     import subprocess
     import sys
 
+    from spotbook.cli.main import FORMAT_CHECK_MODULES
+
     assert importlib.util.find_spec("rfc3987_syntax") is not None  # it is here to skip
+    installed = [m for m in FORMAT_CHECK_MODULES if importlib.util.find_spec(m) is not None]
+    assert {"rfc3987_syntax", "arrow", "isoduration"} <= set(installed), installed
     probe = (
         "import runpy, sys\n"
-        "sys.argv = ['spotbook', 'status', 'no-such-run']\n"
+        "sys.argv = ['spotbook', *sys.argv[1:]]\n"
         "try:\n    runpy.run_module('spotbook', run_name='__main__')\n"
         "except SystemExit as exc:\n    code = exc.code\n"
-        "print(code, 'nbformat' in sys.modules, sys.modules.get('rfc3987_syntax'))\n"
+        "print(code, 'nbformat' in sys.modules,\n"
+        f"      *[sys.modules.get(m, 'absent') for m in {installed!r}])\n"
     )
-    r = subprocess.run([sys.executable, "-c", probe], cwd=work, capture_output=True,
-                       text=True, check=False, env={**os.environ})  # fmt: skip
-    assert r.stdout.split() == ["2", "True", "None"], (r.stdout, r.stderr)
+    for argv, code in ((["status", "no-such-run"], "2"), (["inspect", "params.ipynb"], "0")):
+        r = subprocess.run([sys.executable, "-c", probe, *argv], cwd=work, capture_output=True,
+                           text=True, check=False, env={**os.environ})  # fmt: skip
+        last = r.stdout.splitlines()[-1].split()  # (the command's own output comes first)
+        assert last == [code, "True", *["None"] * len(installed)], (r.stdout, r.stderr)
 
 
 def test_progress_bar_is_tqdms_on_stderr_by_default(work: Path) -> None:

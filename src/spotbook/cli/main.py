@@ -111,17 +111,34 @@ def command(name: str) -> Callable[[argparse.Namespace], int]:
 _ATTEMPTS = ("run", "resume", "worker")
 
 
-def _without_iri_checks() -> None:
-    """The command's own process does without jsonschema's IRI format checks.
+# jsonschema's optional format checkers (its format-nongpl extra, which jupyter-events
+# installs beside JupyterLab): modules it imports on import when they are installed
+FORMAT_CHECK_MODULES = (
+    "rfc3987_syntax",  # builds a grammar's parser on import: about 2 s of one core
+    "rfc3987",
+    "rfc3986_validator",
+    "rfc3339_validator",
+    "isoduration",
+    "arrow",
+    "webcolors",
+    "uri_template",
+    "jsonpointer",
+    "fqdn",
+)
 
-    nbformat imports jsonschema, which imports ``rfc3987_syntax`` when it is installed
-    (jupyter-events installs it beside JupyterLab), and that module builds a parser for
-    its grammar on import: about 2 s of one core at every command's start, against
-    0.3 s for the rest (bench/bench_cli_start.py). spotbook validates no field of format
-    ``iri``, and nothing of the user's runs in this process (their code runs in the
-    kernel), so the import is made to fail here, as if the package were absent; a
-    process that imported it already keeps it."""
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+def _without_format_checks() -> None:
+    """The command's own process does without jsonschema's optional format checks.
+
+    nbformat imports jsonschema, which imports every format checker's library that is
+    installed; ``rfc3987_syntax`` alone builds a parser for its grammar on import (about
+    2 s of one core at every command's start, against 0.3 s for the rest), and the others
+    add about 0.1 s (bench/bench_cli_start.py). spotbook checks no field's format with
+    jsonschema (nbformat validates with fastjsonschema), and nothing of the user's runs in
+    this process (their code runs in the kernel), so those imports are made to fail here,
+    as if the packages were absent; a process that imported one already keeps it."""
+    for name in FORMAT_CHECK_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         catch_early()  # before anything slow: a stop in the first instants is exit 75
     if argv is None:
-        _without_iri_checks()
+        _without_format_checks()
     parser = build_parser()
     if len(words) > 1 and words[0] == "sweep" and words[1] in SWEEP_VERBS:
         words = [f"sweep-{words[1]}", *words[2:]]  # `sweep status URL`, not a notebook
