@@ -3,6 +3,7 @@ was submitted (``spotbook status``, ``cancel``, ``recover``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -289,14 +290,7 @@ class ClusterJob:
     created: str  # creationTimestamp, RFC 3339
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "namespace": self.namespace,
-            "state": self.state,
-            "failed_pods": self.failed_pods,
-            "run_dir": self.run_dir,
-            "created": self.created,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
