@@ -94,24 +94,44 @@ class Storage:
             return {"requests": 0, "failed": 0, "dropped": 0, "lost": 0, "bytes_down": 0}
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(self.procs)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop servers and reap them. A server that does not exit within 10 s of SIGTERM
+    (Azurite closing its kept-alive connections did not, on a fast machine) is killed and
+    then waited for too: a ``Popen`` dropped while its child runs warns, and that warning
+    failed the test in whose teardown it fired."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _proxy(
-    upstream: str, tmp: Path, name: str, rates: dict[str, float], port: int | None = None
+    server: subprocess.Popen[bytes],
+    upstream: str,
+    tmp: Path,
+    name: str,
+    rates: dict[str, float],
+    port: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start the fault proxy in front of ``upstream``. ``upstream`` is stopped if the proxy
+    does not start, so no server outlives the test that started it."""
     port = port or free_port()
     stats = tmp / f"{name}-faults.json"
     cmd = [sys.executable, str(HERE / "faultproxy.py"), upstream, str(port), str(stats)]
     for key, value in rates.items():
         cmd += [f"--{key}", str(value)]
-    proc = _start(cmd, port, f"fault proxy for {name}", tmp / f"{name}-proxy.log")
+    try:
+        proc = _start(cmd, port, f"fault proxy for {name}", tmp / f"{name}-proxy.log")
+    except BaseException:
+        _stop([server])
+        raise
     return proc, f"http://127.0.0.1:{port}", stats
 
 
@@ -124,7 +144,7 @@ def start_s3(tmp: Path, rates: dict[str, float]) -> Storage:
         tmp / "moto.log",
     )
     direct = f"http://127.0.0.1:{port}"
-    proxy, url, stats = _proxy(direct, tmp, "s3", rates)
+    proxy, url, stats = _proxy(server, direct, tmp, "s3", rates)
     return Storage(
         "s3",
         {**S3_ENV, "AWS_ENDPOINT_URL": direct},
@@ -186,13 +206,16 @@ def start_azure(tmp: Path, rates: dict[str, float]) -> Storage:
             "--silent",
             "--skipApiVersionCheck",
             "--loose",
+            # no telemetry: sending it needs the network, and its flush on exit kept Azurite
+            # running past SIGTERM on a machine whose name lookups hang
+            "--disableTelemetry",
         ],
         port,
         "Azurite blob server",
         tmp / "azurite.log",
     )
     direct = f"http://127.0.0.1:{port}"
-    proxy, url, stats = _proxy(direct, tmp, "az", rates)
+    proxy, url, stats = _proxy(server, direct, tmp, "az", rates)
     return Storage("az", _azure_env(direct), _azure_env(url), stats, [server, proxy])
 
 
@@ -222,7 +245,7 @@ def start_gcs(tmp: Path, rates: dict[str, float]) -> Storage:
         tmp / "fake-gcs.log",
     )
     direct = f"http://127.0.0.1:{port}"
-    proxy, url, stats = _proxy(direct, tmp, "gcs", rates, proxy_port)
+    proxy, url, stats = _proxy(server, direct, tmp, "gcs", rates, proxy_port)
     return Storage(
         "gs",
         {**GCS_ENV, "STORAGE_EMULATOR_HOST": direct},
@@ -306,5 +329,4 @@ class FakeKube:
         self.control("expire", {})
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        _stop([self.proc])
