@@ -330,6 +330,36 @@ def test_resume_run_api(tmp_path: Path) -> None:
     assert result.status is spotbook.RunStatus.SUCCEEDED and result.cells_done == 4
 
 
+def test_a_run_request_is_checked_when_made_and_prepared_whole(tmp_path: Path) -> None:
+    # one typed request from the caller down to the store: what the command line and
+    # prepare_run's keywords build, and what submit and a sweep's points pass on
+    with pytest.raises(spotbook.UsageError, match="iopub_timeout"):
+        spotbook.RunRequest("nb.ipynb", nbclient={"iopub_timeout": -1})
+    with pytest.raises(spotbook.UsageError, match="--timeout"):
+        spotbook.RunRequest("nb.ipynb", limits=spotbook.Limits(run_timeout=0))
+    request = spotbook.RunRequest(
+        str(NOTEBOOKS / "params.ipynb"),
+        parameters={"alpha": 0.5},
+        limits=spotbook.Limits(execution_timeout=30),
+        strict_resume=True,
+        run_dir=str(tmp_path / "a"),
+    )
+    spec = spotbook.prepare(request).require_run()["spec"]
+    kwargs = spotbook.prepare_run(
+        request.notebook,
+        parameters={"alpha": 0.5},
+        limits=spotbook.Limits(execution_timeout=30),
+        strict_resume=True,
+        run_dir=str(tmp_path / "b"),
+    ).require_run()["spec"]
+    assert spec["parameters"] == {"alpha": 0.5} and spec["strict_resume"] is True
+    assert spec["limits"]["execution_timeout"] == 30
+    same = ("run_id", "created", "hash_seed")
+    assert {k: v for k, v in spec.items() if k not in same} == {
+        k: v for k, v in kwargs.items() if k not in same
+    }
+
+
 def _tagged_notebook(path: Path, *cells: tuple[str, list[str]]) -> None:
     import nbformat
 

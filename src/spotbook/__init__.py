@@ -40,6 +40,7 @@ from ._models import (
     CellStatus,
     Limits,
     Outcome,
+    RunRequest,
     RunStatus,
     SnapshotMode,
     SnapshotPolicy,
@@ -48,7 +49,7 @@ from ._models import __version__ as __version__
 from .kernel.helpers import checkpoint_dir, preempted, record
 
 if TYPE_CHECKING:
-    from ._api import execute_notebook, inspect_notebook, prepare_run, resume_run
+    from ._api import execute_notebook, inspect_notebook, prepare, prepare_run, resume_run
     from ._status import RunReport
     from .ops.drill import DrillReport, drill
     from .ops.plans import PlanRun, run_plan
@@ -74,9 +75,8 @@ if TYPE_CHECKING:
         stop_local_run,
         wait_for_job,
     )
-    from .ops.submit import Submitted, job_manifest, submit_notebook
+    from .ops.submit import Submitted, job_manifest, submit, submit_notebook
     from .ops.sweep import (
-        PointOptions,
         PointRow,
         SweepTable,
         resume_sweep,
@@ -92,6 +92,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "execute_notebook": "._api",
     "inspect_notebook": "._api",
+    "prepare": "._api",
     "prepare_run": "._api",
     "resume_run": "._api",
     # what the commands do, as calls that return typed results (the CLI renders them)
@@ -117,6 +118,7 @@ _LAZY = {
     "RunListing": ".ops.runs",
     # a run as HTML (needs spotbook[ui])
     "render_report": ".view.report",
+    "submit": ".ops.submit",
     "submit_notebook": ".ops.submit",
     "job_manifest": ".ops.submit",
     "wait_for_job": ".ops.runs",
@@ -131,7 +133,6 @@ _LAZY = {
     "submit_sweep": ".ops.sweep",
     "SweepTable": ".ops.sweep",
     "PointRow": ".ops.sweep",
-    "PointOptions": ".ops.sweep",
 }
 
 
@@ -167,7 +168,6 @@ __all__ = [
     "Outcome",
     "ParameterError",
     "PlanRun",
-    "PointOptions",
     "PointRow",
     "PreemptionBudgetError",
     "Recovered",
@@ -176,6 +176,7 @@ __all__ = [
     "RunListing",
     "RunNotFoundError",
     "RunReport",
+    "RunRequest",
     "RunStatus",
     "RunTimeoutError",
     "SnapshotIntegrityError",
@@ -201,6 +202,7 @@ __all__ = [
     "job_manifest",
     "list_runs",
     "preempted",
+    "prepare",
     "prepare_run",
     "record",
     "recover_run",
@@ -214,6 +216,7 @@ __all__ = [
     "run_plan",
     "run_status",
     "stop_local_run",
+    "submit",
     "submit_notebook",
     "submit_sweep",
     "sweep",

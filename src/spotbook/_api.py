@@ -34,6 +34,7 @@ from ._models import (
     AttemptRecord,
     Limits,
     Outcome,
+    RunRequest,
     RunSpec,
     RunStatus,
     SnapshotPolicy,
@@ -240,7 +241,33 @@ def prepare_run(
     language: str | None = None,
     prepare_only: bool = False,
 ) -> RunStore:
-    """Freeze the parameterised notebook into a run store (or reopen a matching one).
+    """Freeze the parameterised notebook into a run store (or reopen a matching one):
+    ``prepare`` of a ``RunRequest`` made of these arguments."""
+    request = RunRequest(
+        input_path,
+        output_path,
+        parameters=dict(parameters or {}),
+        kernel_name=kernel_name,
+        language=language,
+        report_mode=report_mode,
+        cwd=cwd,
+        limits=limits or Limits(),
+        snapshot=snapshot or SnapshotPolicy(),
+        run_dir=run_dir,
+        restart=restart,
+        strict_resume=strict_resume,
+        allow_errors=allow_errors,
+        prepare_only=prepare_only,
+        nbclient=dict(nbclient or {}),
+    )
+    return prepare(request, key=key, here=here, runs_dir=runs_dir)
+
+
+def prepare(
+    request: RunRequest, *, key: Key | None = None, here: bool = True, runs_dir: str | None = None
+) -> RunStore:
+    """Freeze the parameterised notebook of ``request`` into a run store (or reopen a
+    matching one).
 
     The run is sealed with ``key`` (default: this machine's, see ``store/integrity.py``).
     ``here``: the run will execute on this machine, so its kernel must be installed here
@@ -251,41 +278,42 @@ def prepare_run(
     ``prepare_only`` (frozen with its parameters, never run). Bad input of every kind is
     refused before anything is written.
     """
-    params = dict(parameters or {})
-    where, data = _input(parameterize_path(input_path, params))
-    output_path = _path(parameterize_path(output_path, params))
+    r = request
+    params = dict(r.parameters)
+    where, data = _input(parameterize_path(r.notebook, params))
+    output_path = _path(parameterize_path(r.output, params))
     source = _abs(where) if where != "<NotebookNode>" else where
     assert source is not None
     nb = nbs.parse(data, repr(where))
-    language = language or nbs.kernel_language(nb)
+    language = r.language or nbs.kernel_language(nb)
     _warn_unknown_parameters(nb, params, language, where)
-    nb = nbs.inject_parameters(nb, params, kernel_name, language)
-    if language != "python" and not prepare_only:
+    nb = nbs.inject_parameters(nb, params, r.kernel_name, language)
+    if language != "python" and not r.prepare_only:
         raise UsageError(
             f"this is a {language} notebook: spotbook runs Python notebooks only (it "
             "restores a Python kernel's state after a preemption); prepare_only "
             "(--prepare-only) writes it with its parameters without running it"
         )
-    if report_mode:
+    if r.report_mode:
         for cell in nb.cells:
             if cell.cell_type == "code":
                 cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
     if output_path:
         check_writable(output_path)
-    if cwd is not None and not os.path.isdir(cwd):
-        raise UsageError(f"--cwd {cwd!r} is not a directory")
-    if here and not prepare_only:
-        check_kernel(nbs.kernel_name(nb, kernel_name))
+    if r.cwd is not None and not os.path.isdir(r.cwd):
+        raise UsageError(f"--cwd {r.cwd!r} is not a directory")
+    if here and not r.prepare_only:
+        check_kernel(nbs.kernel_name(nb, r.kernel_name))
     run_id = new_run_id()
     identity = None
-    if run_dir:
-        url = _abs(run_dir)
+    if r.run_dir:
+        url = _abs(r.run_dir)
     else:
         url = os.path.join(runs_dir, run_id) if runs_dir else resolve_run(run_id)
         # the same command again continues the run it interrupted, as a batch user reruns
         # a crashed job; after it succeeded (or failed) it is a new run, as papermill's
-        identity = _identity(nb, output_path, kernel_name, cwd)
-        earlier = None if restart or prepare_only else _interrupted_run(url, identity)
+        identity = _identity(nb, output_path, r.kernel_name, r.cwd)
+        earlier = None if r.restart or r.prepare_only else _interrupted_run(url, identity)
         if earlier is not None:
             url = earlier
     assert url is not None
@@ -295,21 +323,21 @@ def prepare_run(
         source=source,
         output=_abs(output_path),
         parameters=params,
-        kernel_name=nbs.kernel_name(nb, kernel_name),
-        cwd=_abs(cwd),
+        kernel_name=nbs.kernel_name(nb, r.kernel_name),
+        cwd=_abs(r.cwd),
         input_sha256=nbs.content_hash(nb),
-        limits=limits or Limits(),
-        snapshot=snapshot or SnapshotPolicy(),
+        limits=r.limits,
+        snapshot=r.snapshot,
         hash_seed=os.environ.get("PYTHONHASHSEED") or str(secrets.randbelow(2**32)),
-        strict_resume=strict_resume,
-        allow_errors=allow_errors,
-        nbclient=dict(nbclient or {}),
+        strict_resume=r.strict_resume,
+        allow_errors=r.allow_errors,
+        nbclient=dict(r.nbclient),
     )
     existing = store.read_json("run.json")
-    if existing is not None and not restart:
+    if existing is not None and not r.restart:
         # Only a run whose seal holds is continued: re-sealing must not vouch for
         # what someone without the key wrote.
-        existing = store.unseal(strict=strict_resume)
+        existing = store.unseal(strict=r.strict_resume)
         old = RunSpec.from_json(existing["spec"], f"{url}/run.json")
         if old.input_sha256 != spec.input_sha256:
             raise InputChangedError(
@@ -363,14 +391,14 @@ def prepare_run(
         {
             "spec": spec.to_json(),
             "status": RunStatus.PENDING.value,
-            "restart": restart,
+            "restart": r.restart,
             "seal": seal,
         }
     )
     if identity is not None and not is_url(url):
         _note_identity(url, identity, spec.run_id)
     note_run(store.url, spec.run_id)  # `spotbook runs` finds it, from any folder
-    if restart:
+    if r.restart:
         store.claim_attempt(
             AttemptRecord(outcome=Outcome.RESTART.value, resumed_from=0, restart=True)
         )
@@ -452,13 +480,14 @@ def execute_notebook(
     # request_save_on_cell_execute says
     del request_save_on_cell_execute
     bar = ProgressBar(progress_bar, describe_cells=not log_output)
-    store = prepare_run(
+    request = RunRequest(
         input_path,
         output_path,
-        parameters=parameters,
+        parameters=dict(parameters or {}),
         kernel_name=kernel_name,
-        cwd=_path(cwd),
+        language=language,
         report_mode=report_mode,
+        cwd=_path(cwd),
         limits=Limits(
             execution_timeout=execution_timeout,
             run_timeout=timeout,
@@ -469,11 +498,10 @@ def execute_notebook(
         restart=restart,
         strict_resume=strict_resume,
         allow_errors=allow_errors,
-        nbclient=nbclient,
-        runs_dir=None if run_dir else library_runs_dir(),
-        language=language,
         prepare_only=prepare_only,
+        nbclient=nbclient,
     )
+    store = prepare(request, runs_dir=None if run_dir else library_runs_dir())
     if prepare_only:
         data = store.read("input.ipynb")
         assert data is not None

@@ -525,6 +525,34 @@ EXIT_CODES_FAIL_JOB = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """One run as asked for, by a command's flags or a library call's arguments: made
+    once, checked on making (limits, snapshot policy and nbclient's arguments check
+    themselves), then passed down whole to ``prepare``, ``submit`` and a sweep's points
+    (whose ``output`` may be a template, ``out_{lr}.ipynb``). ``notebook`` is a path or URL,
+    or a notebook object; ``output`` None keeps the result in the run store only."""
+
+    notebook: Any
+    output: str | os.PathLike[str] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    kernel_name: str | None = None
+    language: str | None = None
+    report_mode: bool = False
+    cwd: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    run_dir: str | None = None
+    restart: bool = False
+    strict_resume: bool = False
+    allow_errors: bool = False
+    prepare_only: bool = False  # freeze the notebook with its parameters; never run it
+    nbclient: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_nbclient_args(self.nbclient)
+
+
 def epoch(stamp: str | None) -> float | None:
     """Seconds since the epoch of a Kubernetes timestamp (RFC 3339), or None."""
     if not stamp:

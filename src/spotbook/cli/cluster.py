@@ -21,8 +21,7 @@ from ..ops.runs import (
     stop_local_run,
 )
 from ..store.runstore import JOB_RECORD, RunStore
-from .parser import snapshot_policy
-from .run import _check_engine, _limits, _parameters, _stdin_notebook
+from .run import _check_engine, _limits, _parameters, _stdin_notebook, run_request
 
 log = logging.getLogger("spotbook")
 
@@ -122,13 +121,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from ..ops.submit import (
         check_locations,
         job_manifest,
-        submit_notebook,
+        submit,
         submit_warnings,
     )
 
     check_locations(args.run_dir, args.output)
     job = job_options(args)
-    limits = _limits(args)
     for warning in submit_warnings(job, args.max_preemptions):
         print(f"spotbook: warning: {warning}", file=sys.stderr)
     _check_engine(args)
@@ -143,19 +141,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         )
         _print_manifest(manifest, args.output_format)
         return 0
-    submitted = submit_notebook(
-        _stdin_notebook(args),
+    submitted = submit(
+        run_request(args),
         job,
-        output=None if args.output == "-" else args.output,
-        parameters=_parameters(args),
-        kernel_name=args.kernel,
-        language=args.language,
-        report_mode=args.report_mode,
-        limits=limits,
-        snapshot=snapshot_policy(args),
-        restart=args.restart,
-        strict_resume=args.strict_resume,
-        allow_errors=args.allow_errors,
         context=args.context,
         namespace=args.namespace,
         fallback=fallback_policy(args),

@@ -15,7 +15,7 @@ from .._api import (
     inspect_notebook,
     notebook_parameters,
     outputs_to,
-    prepare_run,
+    prepare,
 )
 from .._errors import (
     UsageError,
@@ -23,6 +23,7 @@ from .._errors import (
 from .._models import (
     EXIT_STOPPED,
     Limits,
+    RunRequest,
     RunStatus,
 )
 from .._status import describe
@@ -215,28 +216,35 @@ def _named(args: argparse.Namespace) -> None:
     args.run_dir = os.path.join(LOCAL_RUNS, name)
 
 
-def _prepare(args: argparse.Namespace, key: Any = None, here: bool = True) -> RunStore:
-    """Freeze the parameterised notebook into its run store (run and submit)."""
-    _check_engine(args)
-    _named(args)
-    return prepare_run(
-        _stdin_notebook(args),
+def run_request(
+    args: argparse.Namespace, notebook: Any = None, parameters: dict[str, Any] | None = None
+) -> RunRequest:
+    """The run the flags ask for, made and checked once (run, submit and sweep pass it
+    down whole). ``notebook``: INPUT as already read, if it was; ``parameters``: the
+    parameters, if not the flags' (a sweep's points each have their own)."""
+    return RunRequest(
+        _stdin_notebook(args) if notebook is None else notebook,
         None if args.output == "-" else args.output,
-        parameters=_parameters(args),
-        report_mode=args.report_mode,
-        language=args.language,
-        prepare_only=bool(getattr(args, "prepare_only", False)),
+        parameters=_parameters(args) if parameters is None else parameters,
         kernel_name=args.kernel,
-        cwd=args.cwd,
+        language=args.language,
+        report_mode=args.report_mode,
+        cwd=getattr(args, "cwd", None),
         limits=_limits(args),
         snapshot=snapshot_policy(args),
         run_dir=args.run_dir,
         restart=args.restart,
         strict_resume=args.strict_resume,
         allow_errors=bool(getattr(args, "allow_errors", False)),
-        key=key,
-        here=here,
+        prepare_only=bool(getattr(args, "prepare_only", False)),
     )
+
+
+def _prepare(args: argparse.Namespace) -> RunStore:
+    """Freeze the parameterised notebook into its run store (``spotbook run``)."""
+    _check_engine(args)
+    _named(args)
+    return prepare(run_request(args))
 
 
 def _show_parameters(where: str, found: list[Parameter] | None) -> None:

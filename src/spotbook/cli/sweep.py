@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import sys
 from typing import Any
 
 from .._errors import UsageError
-from .._models import EXIT_OK, EXIT_USAGE
+from .._models import EXIT_OK, EXIT_USAGE, RunRequest
 from ..notebook.grid import expand, read_rows, typed_values
 from ..notebook.parameters import collect_parameters
 from ..ops.sweep import (
-    PointOptions,
     SweepTable,
     prepare_sweep,
     run_points,
@@ -23,8 +23,7 @@ from ..ops.sweep import (
     write_results,
 )
 from ..store.runstore import read_url
-from .parser import snapshot_policy
-from .run import _check_engine, _limits
+from .run import _check_engine, run_request
 
 
 def _say(line: str) -> None:
@@ -57,29 +56,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.output == "-":
         raise UsageError("OUTPUT - does not apply to a sweep; give a template like out_{lr}.ipynb")
     points = _points(args)
-    snapshot = snapshot_policy(args)
-    common = PointOptions(
-        output=args.output,
-        kernel_name=args.kernel,
-        language=args.language,
-        report_mode=args.report_mode,
-        limits=_limits(args),
-        snapshot=snapshot,
-        strict_resume=args.strict_resume,
-        restart=args.restart,
-    )
+    # every point is this request with its own parameters and store
+    common = dataclasses.replace(run_request(args, args.input, {}), run_dir=None)
     if args.submit or args.dry_run:
         return _submit(args, points, common)
-    prepare_sweep(args.input, args.run_dir, points, common)
+    prepare_sweep(common, args.run_dir, points)
     _say(f"sweep of {len(points)} points in {args.run_dir}")
     table = run_points(args.run_dir, parallel=args.parallel, grace=args.grace, say=_say)
     _show(table, as_json=args.json)
     return table.exit_code()
 
 
-def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: PointOptions) -> int:
-    import dataclasses
-
+def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: RunRequest) -> int:
     from ..ops.runs import wait_for_job
     from ..ops.submit import check_locations, job_manifest, submit_warnings
     from .cluster import _print_manifest, job_options
@@ -107,10 +95,9 @@ def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: Poin
         _print_manifest(manifest, args.output_format)
         return 0
     done = submit_sweep(
-        args.input,
+        common,
         job,
         points,
-        common,
         parallelism=args.parallel,
         max_failed_points=args.max_failed_points,
         context=args.context,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import UsageError
-from .._models import Limits, SnapshotPolicy
+from .._models import Limits, RunRequest, SnapshotPolicy
 from ..kube.manifest import DEFAULT_KEY_SECRET, JobOptions, build_job, secret_looking
 from ..store.runstore import is_url
 from .fallback import FallbackPolicy
@@ -138,33 +138,45 @@ def submit_notebook(
     namespace: str | None = None,
     fallback: FallbackPolicy | None = None,
 ) -> Submitted:
-    """Freeze ``notebook`` into the run store ``job.run_dir`` (a bucket URL) and create
-    its Job in ``namespace`` (default: the context's). ``job`` says what the pod gets
-    (image, GPU, spot, resources, secrets); its ``run_id``, ``namespace``, ``grace`` and
-    ``source`` are filled in here. The cluster is asked before anything is written, so
-    a bad context or namespace leaves no run behind."""
-    from .._api import prepare_run
+    """``submit`` of a ``RunRequest`` made of these arguments (``job.run_dir`` is the
+    run store)."""
+    request = RunRequest(
+        notebook,
+        output,
+        parameters=dict(parameters or {}),
+        kernel_name=kernel_name,
+        language=language,
+        report_mode=report_mode,
+        limits=limits or Limits(),
+        snapshot=snapshot or SnapshotPolicy(),
+        restart=restart,
+        strict_resume=strict_resume,
+        allow_errors=allow_errors,
+    )
+    return submit(request, job, context=context, namespace=namespace, fallback=fallback)
 
+
+def submit(
+    request: RunRequest,
+    job: JobOptions,
+    *,
+    context: str | None = None,
+    namespace: str | None = None,
+    fallback: FallbackPolicy | None = None,
+) -> Submitted:
+    """Freeze ``request``'s notebook into the run store ``job.run_dir`` (a bucket URL) and
+    create its Job in ``namespace`` (default: the context's). ``job`` says what the pod
+    gets (image, GPU, spot, resources, secrets); its ``run_id``, ``namespace``, ``grace``
+    and ``source`` are filled in here. The cluster is asked before anything is written,
+    so a bad context or namespace leaves no run behind."""
+    from .._api import prepare
+
+    output = None if request.output is None else str(request.output)
     check_locations(job.run_dir, output)
-    limits = limits or Limits()
     with cluster_for(context, namespace) as cluster:
-        job, key = for_cluster(cluster, job, limits, notebook)
-        store = prepare_run(
-            notebook,
-            output,
-            parameters=parameters,
-            report_mode=report_mode,
-            language=language,
-            kernel_name=kernel_name,
-            limits=limits,
-            snapshot=snapshot,
-            run_dir=job.run_dir,
-            restart=restart,
-            strict_resume=strict_resume,
-            allow_errors=allow_errors,
-            key=key,
-            here=False,
-        )
+        job, key = for_cluster(cluster, job, request.limits, request.notebook)
+        request = dataclasses.replace(request, run_dir=job.run_dir)
+        store = prepare(request, key=key, here=False)
         run_id = store.require_run()["spec"]["run_id"]
         job = dataclasses.replace(job, run_id=run_id)
         manifest = build_job(job)

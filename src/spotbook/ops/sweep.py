@@ -15,6 +15,7 @@ sweep is one Indexed Job whose pod ``i`` runs point ``i`` (``submit_sweep``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from .._models import (
     EXIT_STOPPED,
     EXIT_STORAGE,
     Limits,
+    RunRequest,
     RunStatus,
     SnapshotPolicy,
 )
@@ -143,37 +145,21 @@ def default_parallel() -> int:
     return max(1, min(cores or 1, by_memory))
 
 
-@dataclass(frozen=True)
-class PointOptions:
-    """What every point of a sweep is run with (``prepare_run``'s options; ``output``
-    may be a path template: ``out_{lr}.ipynb``)."""
-
-    output: str | None = None
-    kernel_name: str | None = None
-    language: str | None = None
-    report_mode: bool = False
-    limits: Limits | None = None
-    snapshot: SnapshotPolicy | None = None
-    strict_resume: bool = False
-    restart: bool = False
-
-
 def prepare_sweep(
-    notebook: Any,
+    request: RunRequest,
     url: str,
     points: Sequence[Mapping[str, Any]],
-    options: PointOptions | None = None,
     *,
     key: Key | None = None,
     here: bool = True,
 ) -> str:
-    """Freeze the notebook with each point's parameters into ``URL/points/<i>`` (or
-    reopen them: the same sweep again continues it) and write ``sweep.json``; returns
-    the sweep's id."""
-    from .._api import prepare_run
+    """Freeze ``request``'s notebook with each point's parameters into ``URL/points/<i>``
+    (or reopen them: the same sweep again continues it) and write ``sweep.json``; returns
+    the sweep's id. Every point is ``request`` with its own parameters and store
+    (``request.output`` may be a template: ``out_{lr}.ipynb``)."""
+    from .._api import prepare
 
-    o = options or PointOptions()
-    restart = o.restart
+    restart = request.restart
     if not points:
         raise UsageError("the sweep has no points: give -p NAME V1,V2,... or a YAML grid")
     url = url.rstrip("/")
@@ -187,24 +173,14 @@ def prepare_sweep(
             f"{url} holds a sweep over other points ({len(old['points'])} points); give "
             "another --run-dir, or --restart to discard it and start this sweep there"
         )
+    notebook = request.notebook
     if isinstance(notebook, str) and not is_url(notebook):
         notebook = os.path.abspath(notebook)
     for i, params in enumerate(plain):
-        prepare_run(
-            notebook,
-            o.output,
-            parameters=params,
-            kernel_name=o.kernel_name,
-            language=o.language,
-            report_mode=o.report_mode,
-            limits=o.limits,
-            snapshot=o.snapshot,
-            run_dir=point_url(url, i),
-            restart=restart,
-            strict_resume=o.strict_resume,
-            key=key,
-            here=here,
+        point = dataclasses.replace(
+            request, notebook=notebook, parameters=params, run_dir=point_url(url, i)
         )
+        prepare(point, key=key, here=here)
     sweep_id = (old or {}).get("sweep_id") if not restart else None
     sweep_id = sweep_id or new_run_id()
     root.write_json(
@@ -416,16 +392,16 @@ def sweep(
     grid continues the sweep."""
     from ..notebook.grid import expand
 
-    points = expand(grid or {}, rows)
-    options = PointOptions(
-        output=output,
+    request = RunRequest(
+        notebook,
+        output,
         kernel_name=kernel_name,
-        limits=limits,
-        snapshot=snapshot,
+        limits=limits or Limits(),
+        snapshot=snapshot or SnapshotPolicy(),
         strict_resume=strict_resume,
         restart=restart,
     )
-    prepare_sweep(notebook, run_dir, points, options)
+    prepare_sweep(request, run_dir, expand(grid or {}, rows))
     return run_points(run_dir, parallel=parallel, say=say)
 
 
@@ -436,34 +412,30 @@ def resume_sweep(url: str, *, parallel: int | None = None, say: Say | None = Non
 
 
 def submit_sweep(
-    notebook: Any,
+    request: RunRequest,
     job: JobOptions,
     points: Sequence[Mapping[str, Any]],
-    options: PointOptions | None = None,
     *,
     parallelism: int | None = None,
     max_failed_points: int | None = None,
     context: str | None = None,
     namespace: str | None = None,
 ) -> Submitted:
-    """Freeze every point into ``job.run_dir/points/<i>`` (a bucket URL), sealed with the
-    cluster's run key, and create one Indexed Job: pod ``i`` runs point ``i``, a
-    preempted pod is replaced for its point alone, and a failing point fails only itself
-    (``max_failed_points`` of them stop the Job; default: none do)."""
-    import dataclasses
-
+    """Freeze ``request``'s notebook at every point into ``job.run_dir/points/<i>`` (a
+    bucket URL), sealed with the cluster's run key, and create one Indexed Job: pod ``i``
+    runs point ``i``, a preempted pod is replaced for its point alone, and a failing point
+    fails only itself (``max_failed_points`` of them stop the Job; default: none do)."""
     from ..kube.manifest import build_job
     from .jobs import cluster_for, new_job_record
     from .submit import check_locations, for_cluster
 
-    o = options or PointOptions()
-    check_locations(job.run_dir, o.output)
+    check_locations(job.run_dir, None if request.output is None else str(request.output))
     job = dataclasses.replace(
         job, points=len(points), parallelism=parallelism, max_failed_points=max_failed_points
     )
     with cluster_for(context, namespace) as cluster:
-        job, key = for_cluster(cluster, job, o.limits or Limits(), notebook)
-        sweep_id = prepare_sweep(notebook, job.run_dir, points, o, key=key, here=False)
+        job, key = for_cluster(cluster, job, request.limits, request.notebook)
+        sweep_id = prepare_sweep(request, job.run_dir, points, key=key, here=False)
         job = dataclasses.replace(job, run_id=sweep_id)
         manifest = build_job(job)
         name = manifest["metadata"]["name"]
