@@ -267,6 +267,21 @@ def prepare(
     request: RunRequest, *, key: Key | None = None, here: bool = True, runs_dir: str | None = None
 ) -> RunStore:
     """Freeze the parameterised notebook of ``request`` into a run store (or reopen a
+    matching one); for ``prepare_only``, also write it to ``output``, as papermill's
+    ``--prepare-only`` does. See ``_freeze``."""
+    store = _freeze(request, key=key, here=here, runs_dir=runs_dir)
+    output = store.require_run()["spec"].get("output") if request.prepare_only else None
+    if output:
+        from .store.runstore import write_url
+
+        data = store.read("input.ipynb")
+        assert data is not None
+        write_url(output, data)
+    return store
+
+
+def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str | None) -> RunStore:
+    """Freeze the parameterised notebook of ``request`` into a run store (or reopen a
     matching one).
 
     The run is sealed with ``key`` (default: this machine's, see ``store/integrity.py``).
@@ -502,14 +517,9 @@ def execute_notebook(
         nbclient=nbclient,
     )
     store = prepare(request, runs_dir=None if run_dir else library_runs_dir())
-    if prepare_only:
+    if prepare_only:  # prepare wrote it to output_path
         data = store.read("input.ipynb")
         assert data is not None
-        output = store.require_run()["spec"].get("output")
-        if output:
-            from .store.runstore import write_url
-
-            write_url(output, data)
         return nbs.parse(data, "input.ipynb")
     on_output = outputs_to(_log_output if log_output else None, stdout_file, stderr_file)
     _run_sync(Runner(store, RunnerOptions(on_output=on_output, progress=bar, handle_signals=False)))

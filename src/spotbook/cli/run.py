@@ -301,16 +301,10 @@ def _papermill_pipes(args: argparse.Namespace) -> None:
         args.output = "-"
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    _papermill_pipes(args)
-    _check_stream_files(args)
-    if args.help_notebook:
-        _check_engine(args)
-        _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
-        return 0
-    store = _prepare(args)
+def _say_start(store: RunStore) -> None:
+    """The line that starts a run: its id and store, and whether it continues one."""
     run_id = store.require_run()["spec"]["run_id"]
-    doc = describe(store) if not args.prepare_only and store.attempts() else None
+    doc = describe(store) if store.attempts() else None
     if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
         print(
             f"spotbook: continuing run {run_id}, interrupted with {doc['cells_done']} of "
@@ -319,16 +313,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     else:
         print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
-    if args.prepare_only:
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    _papermill_pipes(args)
+    _check_stream_files(args)
+    if args.help_notebook:
+        _check_engine(args)
+        _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
+        return 0
+    store = _prepare(args)
+    if args.prepare_only:  # prepare wrote OUTPUT; OUTPUT - is this command's stdout
+        run_id = store.require_run()["spec"]["run_id"]
+        print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
         data = store.read("input.ipynb")
-        output = store.require_run()["spec"].get("output")
         if args.output == "-" and data is not None:
             sys.stdout.write(data.decode())
-        elif output and data is not None:
-            from ..store.runstore import write_url
-
-            write_url(output, data)
         return 0
+    _say_start(store)
     if args.output != "-":
         return _run_runner(store, args)
     try:  # OUTPUT -: the notebook goes to stdout, also when a cell failed
