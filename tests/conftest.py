@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -155,6 +156,37 @@ def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> tuple[int, s
         _, err = proc.communicate()
         raise AssertionError(f"still running 60 s after signal {sig}; its stderr:\n{err}") from exc
     return proc.returncode, err
+
+
+def _processes_with(entry: bytes) -> list[int]:
+    """The processes whose environment holds ``entry`` (``NAME=value``)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:  # gone already, or another user's
+            continue
+        if entry in env:
+            found.append(int(name))
+    return found
+
+
+def node_lost(tmpdir: str | os.PathLike[str]) -> None:
+    """A preemption takes every process of the node, not only the one a test killed: the
+    kernel, which outlives its killed runner for a moment, and what the kernel started
+    (a `%pip install` unpacking into the node's TMPDIR failed a wipe in ci23 by deleting
+    its own folder under shutil.rmtree). Every process whose TMPDIR is ``tmpdir`` is
+    killed, and waited for, before the node's disk is wiped."""
+    entry = f"TMPDIR={os.fspath(tmpdir)}".encode()
+    for pid in _processes_with(entry):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    # a killed process's environ reads empty while it is a zombie, so this ends once
+    # every one of them has died
+    wait_for(lambda: not _processes_with(entry), 60, "the lost node's processes to die")
 
 
 def load(path: Path) -> dict[str, Any]:

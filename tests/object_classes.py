@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .conftest import node_lost
 from .nbwrite import write_notebook
 
 # library -> [(class shown, code that makes o, expression that exercises o)]
@@ -656,6 +657,7 @@ def run_table(where: Path, env: dict[str, str] | None = None) -> list[dict[str, 
         time.sleep(0.05)  # a poll: the snapshot's manifest is the event waited for
     proc.kill()
     proc.communicate()
+    node_lost(node["tmp"])
     for path in node.values():  # a new node: nothing of the killed run's is here
         shutil.rmtree(path)
         path.mkdir()

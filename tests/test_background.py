@@ -17,7 +17,16 @@ from typing import Any
 import psutil
 import pytest
 
-from .conftest import cells_committed, cli, kill, on_created, start_cli, wait_for, write_notebook
+from .conftest import (
+    cells_committed,
+    cli,
+    kill,
+    node_lost,
+    on_created,
+    start_cli,
+    wait_for,
+    write_notebook,
+)
 
 
 def _gate(path: Path) -> str:
@@ -117,6 +126,7 @@ def test_unsafe_to_fork_is_staged_and_says_why(tmp_path: Path) -> None:
 
 def _wipe(work: Path, env: dict[str, str]) -> None:
     """A new node: working directory (but the run store), home and temp dirs emptied."""
+    node_lost(env["TMPDIR"])
     for entry in work.iterdir():
         if entry.name != "rd":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()

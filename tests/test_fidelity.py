@@ -33,6 +33,7 @@ from .conftest import (
     kill,
     load,
     made_once,
+    node_lost,
     note_fidelity,
     on_created,
     start_cli,
@@ -141,6 +142,7 @@ CASES += [
 def _wipe_node(work: Path, env: dict[str, str]) -> None:
     """What a new pod sees: the working directory, home and temporary directory empty
     (the local run store, ``rd``, stays: it stands for the volume or bucket)."""
+    node_lost(env["TMPDIR"])
     for entry in work.iterdir():
         if entry.name == "rd":
             continue

@@ -30,7 +30,7 @@ import pytest
 from spotbook.store.runstore import RunStore
 
 from . import node_patterns as npat
-from .conftest import cli, kill, load, made_once, start_cli, wait_for
+from .conftest import cli, kill, load, made_once, node_lost, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("SPOTBOOK_TEST_SEED", "20261129"))
@@ -99,6 +99,7 @@ class Node:
 
     def wipe(self) -> None:
         """What a new pod sees: all of it empty, the pip-installed package gone."""
+        node_lost(self.root / "tmp")
         for name in ("work", "home", "tmp", "site"):
             shutil.rmtree(self.root / name)
         self.make()

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import NOTEBOOKS, cells_committed, comparable, kill, load, wait_for, write_notebook
+from .conftest import (
+    NOTEBOOKS,
+    cells_committed,
+    comparable,
+    kill,
+    load,
+    node_lost,
+    wait_for,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -150,6 +159,7 @@ def test_the_same_papermill_command_after_a_kill_continues(tmp_path: Path, wiped
     finally:
         kill(proc)
     if wiped:
+        node_lost(node / "tmp")
         shutil.rmtree(node)
         make_node()
     gate.touch()
