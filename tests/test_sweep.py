@@ -261,6 +261,33 @@ def test_a_failing_point_fails_alone_and_the_sweep_says_so(tmp_path: Path) -> No
     assert "point 0: results refused" in forged.stderr and "0.999" not in forged.stdout
 
 
+def test_prepare_only_help_notebook_and_cwd_reach_every_point(tmp_path: Path) -> None:
+    # run's flags mean the same in a sweep: they were parsed, and ignored, before the
+    # sweep's points were made from one RunRequest
+    write_sweep_notebook(tmp_path / "sweep.ipynb")
+    (tmp_path / "data").mkdir()
+    shown = cli("sweep", "sweep.ipynb", "--help-notebook", cwd=tmp_path)
+    assert shown.returncode == 0 and "lr: float (default 0.1)" in shown.stdout, shown.stderr
+    assert not (tmp_path / "sw").exists()
+    r = cli("sweep", "sweep.ipynb", "out_{seed}.ipynb", "--run-dir", "sw", "-p", "seed", "1,2",
+            "--cwd", "data", "--prepare-only", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "2 points prepared" in r.stderr and "sweep resume sw" in r.stderr
+    for i, seed in enumerate((1, 2)):
+        point = RunStore(str(tmp_path / "sw" / "points" / str(i)))
+        spec = point.require_run()["spec"]
+        assert spec["parameters"] == {"seed": seed} and spec["cwd"] == str(tmp_path / "data")
+        assert point.attempts() == [] and point.cell_records() == {}  # none ran
+        written = nbformat.read(tmp_path / f"out_{seed}.ipynb", as_version=4)
+        assert f"seed = {seed}" in written.cells[1].source  # the injected parameters
+    ran = cli("sweep", "resume", "sw", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert [row.status for row in spotbook.sweep_status(str(tmp_path / "sw")).rows] == [
+        "succeeded",
+        "succeeded",
+    ]
+
+
 def test_record_refuses_what_json_cannot_hold() -> None:
     # IPython imported, as another test in this process may have done, but no shell:
     # outside a kernel the value is checked only (no shell made to publish it)

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from .._api import notebook_parameters
 from .._errors import UsageError
 from .._models import EXIT_OK, EXIT_USAGE, RunRequest
 from ..notebook.grid import expand, read_rows, typed_values
@@ -23,7 +24,7 @@ from ..ops.sweep import (
     write_results,
 )
 from ..store.runstore import read_url
-from .run import _check_engine, run_request
+from .run import _check_engine, _show_parameters, run_request
 
 
 def _say(line: str) -> None:
@@ -47,6 +48,9 @@ def _points(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     _check_engine(args)
+    if args.help_notebook:  # as `spotbook run --help-notebook`: nothing is run or written
+        _show_parameters(args.input, notebook_parameters(args.input, {}))
+        return 0
     if args.input == "-":
         raise UsageError("a sweep reads its notebook from a path or URL, not stdin")
     if not args.run_dir:
@@ -61,6 +65,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.submit or args.dry_run:
         return _submit(args, points, common)
     prepare_sweep(common, args.run_dir, points)
+    if args.prepare_only:  # each point frozen with its parameters (and OUTPUT written)
+        _say(
+            f"sweep of {len(points)} points prepared in {args.run_dir}, none run; "
+            f"`spotbook sweep resume {args.run_dir}` runs them"
+        )
+        return EXIT_OK
     _say(f"sweep of {len(points)} points in {args.run_dir}")
     table = run_points(args.run_dir, parallel=args.parallel, grace=args.grace, say=_say)
     _show(table, as_json=args.json)
