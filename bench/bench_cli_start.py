@@ -9,13 +9,20 @@ taking turns: as the command runs now; with only ``rfc3987_syntax`` kept out (th
 others imported first: as commands ran before stop 48); and with every one imported
 first, as commands ran before stop 47.
 
-    .venv/bin/python bench/bench_cli_start.py      # ~1 min
+The second table is a whole ``spotbook run`` of a one-cell notebook (kernel included):
+as it runs now, and with IPython imported first, as it was before jupyter_client's
+kernelspec finder was given its folders (``attempt/executor.py`` ``kernel_specs``; its
+default imports IPython to find one of them). CPU seconds are the command's and its
+kernel's, from ``getrusage`` of the waited-for children.
+
+    .venv/bin/python bench/bench_cli_start.py      # ~2 min
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,10 +48,54 @@ IRI_ONLY = (
 )
 
 
+WITH_IPYTHON = (
+    "import sys, IPython.paths\n"
+    "from spotbook.cli.main import main\n"
+    "sys.argv = ['spotbook', *sys.argv[1:]]\n"
+    "sys.exit(main())\n"
+)
+
+
 def timed(argv: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(argv, env=env, capture_output=True, check=True)
     return time.perf_counter() - t0
+
+
+def cpu_timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall s, CPU s of the command and every process it waited for)."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = timed(argv, env)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+
+
+def run_start(nb: str, tmp: str, env: dict[str, str]) -> None:
+    """``spotbook run`` now against with IPython imported first, taking turns."""
+    rows: dict[str, list[tuple[float, float]]] = {"now": [], "ipython": []}
+    for i in range(REPS):
+        for name, head in (("now", ["-m", "spotbook"]), ("ipython", ["-c", WITH_IPYTHON])):
+            where = os.path.join(tmp, f"r-{name}-{i}")
+            argv = [sys.executable, *head, "run", nb, "--run-dir", where, "--no-progress-bar"]
+            rows[name].append(cpu_timed(argv, env))
+    (bw, bc), (nw, nc) = (
+        (statistics.median(w for w, _ in rows[k]), statistics.median(c for _, c in rows[k]))
+        for k in ("ipython", "now")
+    )
+    print(f"\n`spotbook run` of a one-cell notebook, kernel included, median of {REPS}:")
+    print("| | wall s | CPU s | CPU / before |")
+    print("|---|---:|---:|---:|")
+    print(f"| IPython imported by the kernelspec finder (before) | {bw:.3f} | {bc:.3f} | 1.00 |")
+    print(f"| **now**: the finder given its folders | {nw:.3f} | {nc:.3f} | {nc / bc:.2f} |")
+
+
+def _one_cell(nb: str) -> None:
+    cell = {"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [],
+            "execution_count": None}  # fmt: skip
+    spec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    with open(nb, "w") as fh:
+        json.dump({"cells": [cell], "metadata": {"kernelspec": spec}, "nbformat": 4,
+                   "nbformat_minor": 5}, fh)  # fmt: skip
 
 
 def main() -> None:
@@ -56,12 +107,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "SPOTBOOK_CONFIG_DIR": os.path.join(tmp, "cfg")}
         nb = os.path.join(tmp, "one.ipynb")
-        cell = {"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [],
-                "execution_count": None}  # fmt: skip
-        spec = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        with open(nb, "w") as fh:
-            json.dump({"cells": [cell], "metadata": {"kernelspec": spec}, "nbformat": 4,
-                       "nbformat_minor": 5}, fh)  # fmt: skip
+        _one_cell(nb)
         run_dir = os.path.join(tmp, "run")
         subprocess.run([sys.executable, "-m", "spotbook", "run", nb, "--run-dir", run_dir,
                         "--no-progress-bar"], env=env, capture_output=True, check=True)  # fmt: skip
@@ -77,6 +123,11 @@ def main() -> None:
     print(f"| with rfc3987_syntax imported (before stop 47) | {b:.3f} | 1.00 |")
     print(f"| without rfc3987_syntax, other checkers imported (stop 47) | {m:.3f} | {m / b:.2f} |")
     print(f"| **now**: without any format checker's library | {a:.3f} | {a / b:.2f} |")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "SPOTBOOK_CONFIG_DIR": os.path.join(tmp, "cfg")}
+        nb = os.path.join(tmp, "one.ipynb")
+        _one_cell(nb)
+        run_start(nb, tmp, env)
 
 
 if __name__ == "__main__":

@@ -391,6 +391,30 @@ def test_notebook_without_kernelspec_uses_python3(work: Path) -> None:
     assert "hi" in _texts(load(work / "o.ipynb"))
 
 
+@pytest.mark.parametrize("where", ["IPYTHONDIR", "JUPYTER_PATH"])
+def test_a_kernel_is_found_where_jupyter_looks(work: Path, where: str) -> None:
+    """spotbook gives jupyter_client the folders to search (its default imports IPython
+    in every command): a kernelspec in IPython's folder or on JUPYTER_PATH is still found,
+    and a missing one is named with those that are there."""
+    import sys
+
+    base = work / where.lower()
+    folder = base / "kernels" / f"py-{where.lower()}"
+    folder.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": where,
+        "language": "python",
+    }
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    env = {where: str(base)}
+    r = cli("run", "no_kernelspec.ipynb", "o.ipynb", "-k", folder.name, cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "hi" in _texts(load(work / "o.ipynb"))
+    r = cli("run", "no_kernelspec.ipynb", "o.ipynb", "-k", "nope", cwd=work, env=env)
+    assert r.returncode == 2 and folder.name in r.stderr, r.stderr
+
+
 def test_a_deep_temporary_folder_still_starts_the_kernel(work: Path) -> None:
     """The kernel's sockets live in a temporary folder; under a $TMPDIR as deep as a pod's
     or a CI worker's, their paths would pass an AF_UNIX address's 107 bytes (exit 3,

@@ -286,7 +286,11 @@ class KernelSession:
         client = self._client
         check_kernel(self._kernel_name)
         try:
-            client.km = client.create_kernel_manager()
+            client.km = client.kernel_manager_class(
+                kernel_name=self._kernel_name,
+                kernel_spec_manager=kernel_specs(),
+                config=client.config,
+            )
             # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel;
             # on loopback TCP where no temporary folder has a path short enough for them
             self._ipc_dir = _socket_dir()
@@ -295,7 +299,7 @@ class KernelSession:
                 client.km.ip = os.path.join(self._ipc_dir, "kernel")
             await client.async_start_new_kernel(cwd=self._cwd, env=self._env)
         except NoSuchKernel as exc:
-            available = list(KernelSpecManager().find_kernel_specs())
+            available = list(kernel_specs().find_kernel_specs())
             raise KernelNotFoundError(self._kernel_name, available) from exc
         except FileNotFoundError as exc:
             raise KernelStartError(f"cannot start kernel {self._kernel_name!r}: {exc}") from exc
@@ -544,13 +548,24 @@ class KernelSession:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
+def kernel_specs() -> KernelSpecManager:
+    """jupyter_client's kernelspec finder, with the folders it searches given: its default
+    adds IPython's ``kernels`` folder by importing IPython, which costs every ``spotbook
+    run`` about 0.1 s of its start (a resume imports IPython anyway, to read cells)."""
+    from jupyter_core.paths import jupyter_path
+
+    ipython_dir = os.environ.get("IPYTHONDIR") or os.path.join(os.path.expanduser("~"), ".ipython")
+    dirs = [*jupyter_path("kernels"), os.path.join(os.path.expanduser(ipython_dir), "kernels")]
+    return KernelSpecManager(kernel_dirs=dirs)
+
+
 def check_kernel(name: str) -> None:
     """Raise KernelNotFoundError (exit 2) unless a kernelspec ``name`` is installed."""
+    specs = kernel_specs()
     try:
-        KernelSpecManager().get_kernel_spec(name)
+        specs.get_kernel_spec(name)
     except NoSuchKernel as exc:
-        available = list(KernelSpecManager().find_kernel_specs())
-        raise KernelNotFoundError(name, available) from exc
+        raise KernelNotFoundError(name, list(specs.find_kernel_specs())) from exc
 
 
 # The run key vouches for the store; the notebook has no use for it, and its
