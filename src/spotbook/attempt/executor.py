@@ -284,12 +284,11 @@ class KernelSession:
 
     async def start(self) -> None:
         client = self._client
-        check_kernel(self._kernel_name)
+        specs = kernel_specs()
+        check_kernel(self._kernel_name, specs)
         try:
             client.km = client.kernel_manager_class(
-                kernel_name=self._kernel_name,
-                kernel_spec_manager=kernel_specs(),
-                config=client.config,
+                kernel_name=self._kernel_name, kernel_spec_manager=specs, config=client.config
             )
             # IPC sockets: local only, no plain-text TCP ports, no warning from ipykernel;
             # on loopback TCP where no temporary folder has a path short enough for them
@@ -299,7 +298,7 @@ class KernelSession:
                 client.km.ip = os.path.join(self._ipc_dir, "kernel")
             await client.async_start_new_kernel(cwd=self._cwd, env=self._env)
         except NoSuchKernel as exc:
-            available = list(kernel_specs().find_kernel_specs())
+            available = list(specs.find_kernel_specs())
             raise KernelNotFoundError(self._kernel_name, available) from exc
         except FileNotFoundError as exc:
             raise KernelStartError(f"cannot start kernel {self._kernel_name!r}: {exc}") from exc
@@ -559,9 +558,9 @@ def kernel_specs() -> KernelSpecManager:
     return KernelSpecManager(kernel_dirs=dirs)
 
 
-def check_kernel(name: str) -> None:
+def check_kernel(name: str, specs: KernelSpecManager | None = None) -> None:
     """Raise KernelNotFoundError (exit 2) unless a kernelspec ``name`` is installed."""
-    specs = kernel_specs()
+    specs = specs or kernel_specs()
     try:
         specs.get_kernel_spec(name)
     except NoSuchKernel as exc:

@@ -301,10 +301,11 @@ def _papermill_pipes(args: argparse.Namespace) -> None:
         args.output = "-"
 
 
-def _say_start(store: RunStore) -> None:
-    """The line that starts a run: its id and store, and whether it continues one."""
+def _say_start(store: RunStore, runs: bool) -> None:
+    """The line that starts a run: its id and store, and whether it continues one (only
+    a run that ``runs``, not one frozen by --prepare-only)."""
     run_id = store.require_run()["spec"]["run_id"]
-    doc = describe(store) if store.attempts() else None
+    doc = describe(store) if runs and store.attempts() else None
     if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
         print(
             f"spotbook: continuing run {run_id}, interrupted with {doc['cells_done']} of "
@@ -323,14 +324,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
         return 0
     store = _prepare(args)
+    _say_start(store, runs=not args.prepare_only)
     if args.prepare_only:  # prepare wrote OUTPUT; OUTPUT - is this command's stdout
-        run_id = store.require_run()["spec"]["run_id"]
-        print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
-        data = store.read("input.ipynb")
-        if args.output == "-" and data is not None:
+        data = store.read("input.ipynb") if args.output == "-" else None
+        if data is not None:
             sys.stdout.write(data.decode())
         return 0
-    _say_start(store)
     if args.output != "-":
         return _run_runner(store, args)
     try:  # OUTPUT -: the notebook goes to stdout, also when a cell failed

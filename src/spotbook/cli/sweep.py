@@ -60,8 +60,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.output == "-":
         raise UsageError("OUTPUT - does not apply to a sweep; give a template like out_{lr}.ipynb")
     points = _points(args)
-    # every point is this request with its own parameters and store
-    common = dataclasses.replace(run_request(args, args.input, {}), run_dir=None)
+    # every point is this request with its own parameters and store (prepare_sweep)
+    common = run_request(args, args.input, {})
     if args.submit or args.dry_run:
         return _submit(args, points, common)
     prepare_sweep(common, args.run_dir, points)
