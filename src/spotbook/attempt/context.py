@@ -39,6 +39,9 @@ class RunnerOptions:
     # the notice's deadline; it must end the process (the CLI exits with 75). None: no
     # watchdog (the Python API never ends its caller's process).
     on_overrun: Callable[[str], None] | None = None
+    # What starts the kernel, given KernelSession's arguments: KernelSession itself, or
+    # anything with its surface (the tests' fake kernel drives the real cell loop with it)
+    kernel_factory: Callable[..., KernelSession] | None = None
 
 
 class Attempt(Protocol):

@@ -526,7 +526,7 @@ class Runner:
 
     async def start_kernel(self, index: int) -> None:
         """Start a kernel and spotbook's watchers in it, before any cell runs."""
-        self.session = KernelSession(
+        self.session = (self.opts.kernel_factory or KernelSession)(
             self.nb,
             kernel_name=self.spec.kernel_name,
             cwd=self.spec.cwd,

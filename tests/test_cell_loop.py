@@ -1,0 +1,191 @@
+"""The real cell loop, snapshots and commit order (attempt/cells.py, snapshots.py,
+commit_order.py) over the fake kernel (tests/fakekernel.py), which lets a test decide when
+each background snapshot lands against the cells after it. The invariant: a cell's record
+is never in the store before the snapshot that follows it, whatever the interleaving.
+(The real kernel keeps it in test_background.py and under the fidelity matrix's kills;
+this suite reaches the interleavings a real kernel makes only by chance.)
+
+No resume here: the fake kernel cannot restore state, and nothing is killed. What a
+resume on a wiped node makes of these stores is test_background.py's and
+test_node_loss.py's (with the real kernel)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from spotbook import SnapshotMode, SnapshotPolicy
+from spotbook._api import prepare_run
+from spotbook._errors import StorageError
+from spotbook.attempt.context import RunnerOptions
+from spotbook.attempt.runner import Runner
+from spotbook.store.runstore import CellKey, RunStore
+
+from .fakekernel import FakeKernel, Script
+from .nbwrite import write_notebook
+
+Event = tuple[str, int]  # ("record" | "snapshot", cell), in the order the store got them
+
+
+class Run:
+    """A run of ``n`` cells in a fresh local store, every cell snapshotted in the
+    background, with what reaches the store recorded as it happens."""
+
+    def __init__(self, tmp_path: Path, n: int) -> None:
+        self.n = n
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        write_notebook(
+            tmp_path / "nb.ipynb", *(f"x{i} = {i}\nprint('cell', {i})" for i in range(n))
+        )
+        self.store = prepare_run(
+            str(tmp_path / "nb.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            cwd=str(tmp_path),
+            run_dir=str(tmp_path / "rd"),
+            snapshot=SnapshotPolicy(mode=SnapshotMode.EVERY_CELL),
+        )
+        self.events: list[Event] = []
+        self.landed: dict[int, asyncio.Event] = {}
+        self.script = Script()
+        self._spy(self.store)
+        self.runner = Runner(
+            self.store,
+            RunnerOptions(
+                kernel_factory=functools.partial(FakeKernel, script=self.script),
+                handle_signals=False,
+            ),
+        )
+
+    def _spy(self, store: RunStore) -> None:
+        write_cell, write_snapshot = store.write_cell, store.write_snapshot
+
+        def cell(index: int, attempt: int, record: dict[str, Any]) -> None:
+            write_cell(index, attempt, record)
+            if record.get("status") != "executed":  # a note, not a record
+                self.events.append(("record", index))
+
+        def snapshot(key: CellKey, doc: dict[str, Any]) -> None:
+            write_snapshot(key, doc)
+            self.events.append(("snapshot", key.index))
+            self.landed_event(key.index).set()
+
+        store.write_cell = cell  # type: ignore[method-assign]
+        store.write_snapshot = snapshot  # type: ignore[method-assign]
+
+    def landed_event(self, index: int) -> asyncio.Event:
+        return self.landed.setdefault(index, asyncio.Event())
+
+    def committed(self, kind: str) -> list[int]:
+        return [i for k, i in self.events if k == kind]
+
+    def check(self, given_up: frozenset[int] = frozenset()) -> None:
+        """No record before the snapshot after its cell (the last cell has none; one
+        ``given_up`` at the notice's deadline lets its records go without it)."""
+        for at, (kind, index) in enumerate(self.events):
+            if kind == "record" and index < self.n - 1 and index not in given_up:
+                assert ("snapshot", index) in self.events[:at], self.events
+
+    def go(self) -> BaseException | None:
+        """Run the attempt; what it raised. Every gate opens afterwards (a writer the
+        run gave up on ends), and if the run has not ended after a minute: a run that
+        waits forever on a snapshot then fails the test instead of hanging it."""
+        guard = threading.Timer(60.0, self.script.open_all)
+        guard.start()
+        try:
+            asyncio.run(self.runner.arun())
+        except BaseException as exc:
+            return exc
+        finally:
+            guard.cancel()
+            self.script.open_all()
+            for writer in self.script.writers:
+                writer.join()
+        return None
+
+    def on_disk(self) -> tuple[list[int], list[int]]:
+        """The records and snapshots a new reader of the store finds."""
+        reader = RunStore(self.store.url)
+        reader.unseal()
+        records, _ = reader.records_and_notes()
+        return sorted(records), sorted(reader.snapshot_keys())
+
+
+Plan = Callable[[Run, int], None]
+
+
+def test_no_record_reaches_the_store_before_its_snapshot_whatever_the_interleaving(
+    tmp_path: Path,
+) -> None:
+    for seed in range(24):
+        rng = random.Random(seed)
+        run = Run(tmp_path / str(seed), rng.randint(3, 7))
+        # when the writer of the snapshot after each cell may write: at once, as the
+        # next cell starts (which then waits until it has landed), or as it ends
+        plans = {i: rng.choice(["now", "start", "end"]) for i in range(run.n - 1)}
+        for i, plan in plans.items():
+            if plan == "now":
+                run.script.gate(i).set()
+
+        async def before(index: int, run: Run = run, plans: dict[int, str] = plans) -> None:
+            run.check()
+            prev = index - 1
+            if plans.get(prev) == "start":
+                assert ("record", prev) not in run.events  # held behind its snapshot
+                run.script.gate(prev).set()
+                await run.landed_event(prev).wait()
+                # the held record commits the moment its snapshot is in, mid-cell
+                assert run.events[-2:] == [("snapshot", prev), ("record", prev)], run.events
+
+        async def after(index: int, run: Run = run, plans: dict[int, str] = plans) -> None:
+            run.check()
+            if plans.get(index - 1) == "end":
+                assert ("record", index - 1) not in run.events
+                run.script.gate(index - 1).set()
+
+        run.script.before, run.script.after = before, after
+        assert run.go() is None, plans
+        run.check()
+        assert sorted(run.committed("record")) == list(range(run.n)), (seed, run.events)
+        assert sorted(run.committed("snapshot")) == list(range(run.n - 1)), (seed, run.events)
+        assert run.on_disk() == (list(range(run.n)), list(range(run.n - 1)))
+
+
+def test_a_snapshot_the_store_cannot_take_drops_the_records_behind_it(tmp_path: Path) -> None:
+    run = Run(tmp_path, 4)
+    run.script.fail[1] = "OSError: [Errno 28] No space left on device"
+
+    async def after(index: int) -> None:
+        if index == 2:  # cell 2's record is held behind the snapshot after cell 1 too
+            run.script.gate(1).set()
+
+    run.script.gate(0).set()
+    run.script.after = after
+    exc = run.go()
+    assert isinstance(exc, StorageError), exc
+    assert "No space left on device" in str(exc) and "spotbook resume" in str(exc)
+    run.check()
+    # cells 1 and 2 run again on resume: neither record was committed
+    assert run.committed("record") == [0] and run.committed("snapshot") == [0], run.events
+    assert run.on_disk() == ([0], [0])
+    assert run.runner.journal.attempt_rec["outcome"] == "storage-error"
+
+
+def test_state_that_cannot_be_pickled_turns_snapshots_off_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    run = Run(tmp_path, 4)
+    run.script.fail[1] = "PicklingError: cannot pickle 'generator' object"
+    run.script.open_all()
+    for i in range(3):
+        run.script.gate(i).set()
+    assert run.go() is None
+    run.check(given_up=frozenset({1, 2}))
+    assert run.committed("snapshot") == [0]
+    assert sorted(run.committed("record")) == [0, 1, 2, 3]
+    off = run.runner.journal.attempt_rec["snapshots_off"]
+    assert "after cell 1" in off and "cannot pickle" in off
