@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import random
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from spotbook import SnapshotMode, SnapshotPolicy
 from spotbook._api import prepare_run
-from spotbook._errors import StorageError
+from spotbook._errors import StorageError, Terminated
+from spotbook.attempt import cells as cell_loop
 from spotbook.attempt.context import RunnerOptions
 from spotbook.attempt.runner import Runner
 from spotbook.store.runstore import CellKey, RunStore
@@ -189,3 +193,29 @@ def test_state_that_cannot_be_pickled_turns_snapshots_off_and_the_run_goes_on(
     assert sorted(run.committed("record")) == [0, 1, 2, 3]
     off = run.runner.journal.attempt_rec["snapshots_off"]
     assert "after cell 1" in off and "cannot pickle" in off
+
+
+def test_a_notice_while_a_snapshot_is_written_waits_no_longer_than_the_save_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the snapshot after cell 1 never lands; the notice comes as cell 2 starts
+    monkeypatch.setattr(cell_loop, "SAVE_BUDGET", 0.5)
+    run = Run(tmp_path, 5)
+    run.script.gate(0).set()
+
+    async def before(index: int) -> None:
+        if index == 2:
+            assert run.runner.notice is not None
+            run.runner.notice.fire("SIGTERM")
+
+    run.script.before = before
+    with caplog.at_level(logging.WARNING, logger="spotbook"):
+        exc = run.go()
+    assert isinstance(exc, Terminated), exc
+    # given up at the save budget: cell 1's and 2's records commit without their
+    # snapshots (a resume replays them from the one after cell 0); cell 3 never ran
+    assert "after cell 1 did not finish in time" in caplog.text
+    run.check(given_up=frozenset({1, 2}))
+    assert run.committed("snapshot") == [0], run.events
+    assert sorted(run.committed("record")) == [0, 1, 2], run.events
+    assert run.runner.journal.attempt_rec["outcome"] == "preempted"

@@ -104,13 +104,13 @@ class CellLoop:
                 journal.commit_failure(index, t0, "KernelDied", "the kernel process died")
                 raise KernelDiedError(cell_index=index, execution_count=None) from None
             except CellTimeoutError:
-                await snaps.settle(wait=True)
+                await snaps.settle(wait=True, deadline=self._save_deadline())
                 journal.commit_failure(
                     index, t0, "CellTimeoutError", f"exceeded {limits.execution_timeout:g} s"
                 )
                 raise
             except RunTimeoutError:
-                await snaps.settle(wait=True)
+                await snaps.settle(wait=True, deadline=self._save_deadline())
                 journal.commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
                 raise
             if notice.given and notice.seen_by_cell():
@@ -141,7 +141,8 @@ class CellLoop:
             background = False
             if snap_due and snaps.background:
                 async with run.kernel_may_die(index, "while starting the snapshot after cell"):
-                    await snaps.settle(wait=True)  # one at a time
+                    # one at a time; after a notice, only within the save budget
+                    await snaps.settle(wait=True, deadline=self._save_deadline())
                     try:
                         background = await snaps.start(index)
                     except Terminated:
