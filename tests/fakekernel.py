@@ -45,6 +45,8 @@ class Script:
     before: Callable[[int], Awaitable[None]] | None = None
     after: Callable[[int], Awaitable[None]] | None = None
     writers: list[threading.Thread] = field(default_factory=list)
+    # whether the kernel says it will never fork (as one that loaded torch does)
+    lasting: bool = True
 
     def gate(self, index: int) -> threading.Event:
         return self.gates.setdefault(index, threading.Event())
@@ -75,6 +77,7 @@ class FakeKernel:
         self._running: tuple[int, list[Any]] | None = None
         self.stopped = False
         self.last = -1  # the notebook cell that finished last
+        self.forks_asked = 0
 
     # -- the kernel's life ---------------------------------------------------------------
     async def start(self) -> None:
@@ -164,7 +167,10 @@ class FakeKernel:
         return json.dumps({"bytes": len(pickle.dumps(self._state())), "unsafe": "a fake kernel"})
 
     def op_snapshot_fork(self, blob_dir: str, result_path: str) -> str:
-        return json.dumps({"unsafe": "a fake kernel"})
+        self.forks_asked += 1
+        if self.script.lasting:
+            return json.dumps({"unsafe": "a fake kernel", "lasting": True})
+        return json.dumps({"unsafe": "a fake kernel, for now"})
 
     def op_snapshot(self, blob_dir: str) -> str:
         manifest = self._manifest(blob_dir, self._state(), self.last)

@@ -195,6 +195,24 @@ def test_state_that_cannot_be_pickled_turns_snapshots_off_and_the_run_goes_on(
     assert "after cell 1" in off and "cannot pickle" in off
 
 
+@pytest.mark.parametrize("lasting", [True, False])
+def test_a_kernel_that_will_never_fork_is_asked_once(tmp_path: Path, lasting: bool) -> None:
+    # torch loaded is for good: later snapshots are staged without asking for a fork
+    # (one round trip less in each pause); the notebook's threads may end, so a kernel
+    # that cannot fork for now is asked at every snapshot
+    run = Run(tmp_path, 5)
+    run.script.lasting = lasting
+    run.script.open_all()
+    for i in range(4):
+        run.script.gate(i).set()
+    assert run.go() is None
+    run.check()
+    assert run.committed("snapshot") == [0, 1, 2, 3]
+    assert run.runner.session is not None
+    assert run.runner.session.forks_asked == (1 if lasting else 4)  # type: ignore[attr-defined]
+    assert "a fake kernel" in run.runner.journal.attempt_rec["snapshots_staged"]
+
+
 def test_a_notice_while_a_snapshot_is_written_waits_no_longer_than_the_save_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

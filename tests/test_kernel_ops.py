@@ -9,6 +9,8 @@ import ast
 import asyncio
 import inspect
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -123,3 +125,26 @@ def test_a_kernel_error_says_whether_it_was_storage() -> None:
     assert not storage_failure(KernelError("PicklingError", "cannot pickle lock"))
     assert not storage_failure(KernelError("NoSuchError", "x"))
     assert storage_failure(RuntimeError("OSError: disk full"))  # text of a fork's failure
+
+
+_FORK_ASKED = """
+import json, sys, threading, types
+from spotbook.kernel import session
+stop = threading.Event()
+threading.Thread(target=stop.wait, name="waiter", daemon=True).start()
+print(session.snapshot_fork("/nonexistent/blobs", "/nonexistent/r.json"))
+sys.modules["lightgbm"] = types.ModuleType("lightgbm")  # as once imported by a cell
+print(session.snapshot_fork("/nonexistent/blobs", "/nonexistent/r.json"))
+"""
+
+
+def test_the_kernel_says_when_it_will_never_fork() -> None:
+    # in a process of its own (the kernel side's modules only): the notebook's threads
+    # may end, a loaded native thread pool stays (the runner then stops asking to fork)
+    r = subprocess.run(
+        [sys.executable, "-c", _FORK_ASKED], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    threads, pool = (json.loads(line) for line in r.stdout.splitlines())
+    assert "lasting" not in threads and "waiter" in threads["unsafe"], threads
+    assert pool["lasting"] is True and pool["unsafe"].startswith("lightgbm is loaded")

@@ -103,7 +103,8 @@ class KernelOps:
         return found
 
     async def snapshot_fork(self, blob_dir: str, result_path: str) -> dict[str, Any]:
-        """A snapshot written by a fork (its ``pid``), or ``unsafe``: why it may not fork."""
+        """A snapshot written by a fork (its ``pid``), or ``unsafe``: why it may not fork
+        (and ``lasting``: never, in this kernel)."""
         found: dict[str, Any] = await self._json("snapshot_fork", blob_dir, result_path)
         return found
 

@@ -125,6 +125,8 @@ class Snapshots:
         self.order = CommitOrder(runner.journal.commit)
         self.pauses: list[float] = []  # what each background snapshot stopped the notebook for
         self._last_task: asyncio.Task[None] | None = None  # the latest, until settled
+        # why this kernel will never fork (a module it loaded): staged without asking
+        self._never_forks = ""
         # the cost measured last was a background snapshot's (it does not grow with the
         # state as a synchronous one's does)
         self._background_cost = False
@@ -330,6 +332,8 @@ class Snapshots:
         path = os.path.join(run.tmp, f"snapshot-{index}-{time.monotonic_ns()}.json")
         if os.environ.get(STAGED_ENV) == "1":
             answer: dict[str, Any] | None = {"unsafe": f"{STAGED_ENV}=1"}
+        elif self._never_forks:  # not asked again: a round trip less in every pause
+            answer = {"unsafe": self._never_forks}
         else:
             fork = KernelOps(run.session).snapshot_fork(self.blob_dir(), path)
             try:
@@ -337,6 +341,8 @@ class Snapshots:
             except RuntimeError as exc:
                 self._synchronous(f"the kernel could not fork ({exc})")
                 return False
+            if answer.get("lasting"):
+                self._never_forks = str(answer["unsafe"])
         assert answer is not None
         staged = "unsafe" in answer
         if staged:

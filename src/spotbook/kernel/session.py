@@ -618,6 +618,18 @@ def fork_unsafe() -> str:
     """Why this kernel cannot be forked for a snapshot ("" when it can): a copy of a
     process holding a GPU context, or threads the notebook started (they may hold locks
     the copy would need, and do not exist in it), or a platform without fork."""
+    why = _never_forks()
+    if why:
+        return why
+    threads = _threads()
+    if threads:
+        return f"threads started by the notebook are running ({', '.join(threads)})"
+    return ""
+
+
+def _never_forks() -> str:
+    """What keeps this kernel from forking for the rest of its life ("" if nothing): a
+    module once loaded stays, as does a GPU context (unlike the notebook's threads)."""
     if not hasattr(os, "fork") or sys.platform == "win32":
         return "this platform has no fork()"
     torch = sys.modules.get("torch")
@@ -637,9 +649,6 @@ def fork_unsafe() -> str:
     for name in _NATIVE_POOLS:
         if name in sys.modules:
             return f"{name} is loaded in the kernel (its native thread pool does not survive fork)"
-    threads = _threads()
-    if threads:
-        return f"threads started by the notebook are running ({', '.join(threads)})"
     return ""
 
 
@@ -715,8 +724,12 @@ def _checked_snapshot(blob_dir: str, tries: int = 3) -> str:
 def snapshot_fork(blob_dir: str, result_path: str) -> str:
     """Fork the kernel; the copy writes the snapshot (as :func:`snapshot`) and its
     manifest into ``result_path`` (atomically: complete or absent), then exits. Returns
-    ``{"pid", "pause"}`` at once, or ``{"unsafe": why}`` when it must not fork."""
+    ``{"pid", "pause"}`` at once, or ``{"unsafe": why}`` when it must not fork, with
+    ``"lasting": true`` when it never will (the runner then stops asking)."""
     _reap()
+    why = _never_forks()
+    if why:
+        return json.dumps({"unsafe": why, "lasting": True})
     why = fork_unsafe()
     if why:
         return json.dumps({"unsafe": why})
