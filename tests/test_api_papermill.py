@@ -323,6 +323,28 @@ def test_prepare_only(tmp_path: Path) -> None:
     assert not (tmp_path / "rd" / "cells").exists()
 
 
+def test_a_new_run_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the look for a run already there; what the command then sealed is not read back
+    # (each read of an object store is a request)
+    from spotbook.cli.main import main
+    from spotbook.store.runstore import RunStore
+
+    reads: list[str] = []
+    read = RunStore.read
+
+    def counted(self: RunStore, rel: str, *args: object, **kwargs: object) -> bytes | None:
+        reads.append(rel)
+        return read(self, rel, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RunStore, "read", counted)
+    out, rd = tmp_path / "p.ipynb", tmp_path / "rd"
+    nb = str(NOTEBOOKS / "params.ipynb")
+    args = ["run", nb, str(out), "-p", "alpha", "3", "--run-dir", str(rd), "--prepare-only"]
+    assert main(args) == 0
+    assert reads.count("run.json") == 1, reads
+    assert "injected-parameters" in out.read_text()
+
+
 def test_resume_run_api(tmp_path: Path) -> None:
     rd = tmp_path / "rd"
     spotbook.prepare_run(str(NOTEBOOKS / "params.ipynb"), run_dir=str(rd))

@@ -270,7 +270,9 @@ def prepare(
     matching one); for ``prepare_only``, also write it to ``output``, as papermill's
     ``--prepare-only`` does. See ``_freeze``."""
     store = _freeze(request, key=key, here=here, runs_dir=runs_dir)
-    output = store.require_run()["spec"].get("output") if request.prepare_only else None
+    # run.json as _freeze sealed it (read again only if it did not write it)
+    run = store.checked_run or store.require_run()
+    output = run["spec"].get("output") if request.prepare_only else None
     if output:
         from .store.runstore import write_url
 

@@ -304,7 +304,7 @@ def _papermill_pipes(args: argparse.Namespace) -> None:
 def _say_start(store: RunStore, runs: bool) -> None:
     """The line that starts a run: its id and store, and whether it continues one (only
     a run that ``runs``, not one frozen by --prepare-only)."""
-    run_id = store.require_run()["spec"]["run_id"]
+    run_id = (store.checked_run or store.require_run())["spec"]["run_id"]
     doc = describe(store) if runs and store.attempts() else None
     if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
         print(
