@@ -7,8 +7,8 @@ commit given by ``--before``), at several sizes of state, in one run.
 Each notebook builds N GiB of state of its kind (numpy arrays; torch CPU tensors; a
 polars DataFrame; numpy arrays in a kernel that has trained a LightGBM booster), then runs
 3 cells that change every buffer a little (so every snapshot has all of it to save), then
-3 cells that change nothing large (the first of them reported apart: a numpy array in a
-staged kernel is copied until two snapshots in a row found it the same);
+3 cells that change nothing large (the first of them reported apart: before, a numpy
+array in a staged kernel was copied until two snapshots in a row found it the same);
 ``--snapshot every-cell``. Each cell waits until the snapshot before it is committed, so
 what is measured is the pause itself, not a wait for the snapshot before. numpy kernels
 may fork (a background snapshot); the others may not: before, their snapshots were
@@ -159,8 +159,8 @@ def main() -> None:
                 nb = write_notebook(work / "p.ipynb", cells(kind, gib, work / "rd/state/snap"))
                 now, before = run(nb, work, "every-cell", {}), run(nb, work, "every-cell", old)
                 # pauses[0] follows the build; [1:4] the changes; [4:7] the cells without:
-                # the first of those, and the later ones (a numpy array in a staged kernel
-                # is reused once two snapshots in a row found it the same)
+                # the first of those, and the later ones (before, a numpy array in a
+                # staged kernel was reused once two snapshots in a row found it the same)
                 changed = (statistics.median(now[1][1:4]), statistics.median(before[1][1:4]))
                 first = (now[1][4], before[1][4])
                 same = (statistics.median(now[1][5:7]), statistics.median(before[1][5:7]))

@@ -366,36 +366,42 @@ def test_polars_columns_round_trip_and_unchanged_ones_are_not_copied(tmp_path: P
         assert third.stale, "a column changed in place was taken as unchanged"
 
 
-def test_numpy_arrays_found_stable_are_not_copied_and_a_change_is_caught(tmp_path: Path) -> None:
-    """numpy arrays have no version counter: in a staged snapshot an array is reused
-    without a copy only after two snapshots in a row found it the same, so one the cells
-    keep changing is copied every time (and no snapshot dropped for it); a stable one
-    changed at last is caught by the writer (that snapshot dropped), then copied again."""
+def test_numpy_arrays_left_alone_are_not_copied_and_a_change_is_caught(tmp_path: Path) -> None:
+    """numpy arrays have no version counter: in a staged snapshot a hash of pieces spread
+    over an array stands for one. An array left alone since the last snapshot is reused
+    without a copy at once; one the cells keep changing is copied every time (and no
+    snapshot dropped for it); a change too small for the pieces to see is caught by the
+    writer (that snapshot dropped), and the array copied from then on."""
     import numpy as np
 
     from spotbook.kernel import pickling
 
-    stable = np.random.default_rng(0).random((1000, 1000))  # 8 MB, never changed
+    stable = np.random.default_rng(0).random((1000, 1000))  # 8 MB, left alone
     moving = np.zeros(500_000)  # 4 MB, changed before every snapshot
     view = stable[:10]
 
     def snapshot() -> tuple[dict[str, Any], Any]:
+        moving[:] += 1.0
         values = {"stable": stable, "moving": moving, "view": view}
         return _staged_snapshot(tmp_path / "blobs", values)
 
     pickling._KNOWN.clear()
     seen = []
-    for _ in range(4):
-        moving += 1.0
+    for _ in range(3):
         doc, blobs = snapshot()
         seen.append((blobs.staged, blobs.reused, len(blobs.stale)))
         back, _ = pickling.load_namespace(doc, pickling.Blobs(str(tmp_path / "blobs")))
         assert np.array_equal(back["stable"], stable) and np.array_equal(back["moving"], moving)
         assert back["moving"].flags.writeable and back["view"].base is not None
     both, one = stable.nbytes + moving.nbytes, moving.nbytes
-    assert seen == [(both, 0, 0), (both, 0, 0), (one, stable.nbytes, 0), (one, stable.nbytes, 0)]
-    stable[0, 0] = -1.0  # a change nothing counts
-    _, blobs = snapshot()
-    assert blobs.stale, "a stable array changed was taken as unchanged"
+    assert seen == [(both, 0, 0), (one, stable.nbytes, 0), (one, stable.nbytes, 0)]
+    stable[-1, -1] = -1.0  # where a piece lies: copied, nothing dropped
     _, blobs = snapshot()
     assert (blobs.staged, blobs.reused, blobs.stale) == (both, 0, [])
+    # a byte between the first two pieces (the first is the array's first bytes)
+    stable.reshape(-1)[(pickling._SAMPLE + 8) // 8] = -2.0
+    _, blobs = snapshot()
+    assert blobs.stale, "a change between the pieces was taken as unchanged"
+    for _ in range(2):  # no longer trusted: copied each time
+        _, blobs = snapshot()
+        assert (blobs.staged, blobs.reused, blobs.stale) == (both, 0, [])

@@ -403,6 +403,26 @@ def _storage_memory(storage: Any) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(storage.data_ptr())).cast("B")
 
 
+_SAMPLES, _SAMPLE = 512, 128  # a numpy array's pieces hashed to tell a change: 64 KiB
+
+
+def _sampled(at: int, n: int) -> bytes:
+    """What stands for a numpy array's version counter (it has none): a hash of
+    ``_SAMPLES`` pieces spread evenly over its ``n`` bytes at address ``at``, the first
+    and the last among them. A change of the whole array, or of anything as large as the
+    gaps between the pieces, moves it; a smaller one may not, and is caught when the
+    writer hashes the array again (that snapshot dropped, the array copied from then on)."""
+    import ctypes
+
+    whole = memoryview((ctypes.c_char * n).from_address(at)).cast("B")
+    step = max(_SAMPLE, (n - _SAMPLE) // (_SAMPLES - 1))
+    h = hashlib.blake2b(digest_size=16)
+    for off in range(0, max(n - _SAMPLE, 0) + 1, step):
+        h.update(whole[off : off + _SAMPLE])
+    h.update(whole[max(n - _SAMPLE, 0) :])
+    return h.digest()
+
+
 def _change_token(tensor: Any) -> tuple[Any, ...] | None:
     """What says a CPU tensor's memory is unchanged since an earlier snapshot: the very
     tensor (by weak reference), its version counter (torch bumps it at every in-place
@@ -525,8 +545,8 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
 
     def _numpy(self, obj: Any) -> Any:
         """Staged snapshots: a large plain array that owns its memory as an out-of-band
-        buffer with a change token (see ``StagedBlobs._learn``); None for numpy's own
-        reducer."""
+        buffer with a change token (its counter: a hash of pieces of it, ``_sampled``);
+        None for numpy's own reducer."""
         dtype = obj.dtype
         if (
             obj.base is not None
@@ -541,7 +561,8 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         buffer = pickle.PickleBuffer(obj)
         token = None
         with contextlib.suppress(TypeError):
-            token = (weakref.ref(obj), None, obj.__array_interface__["data"][0], obj.nbytes, obj)
+            at = obj.__array_interface__["data"][0]
+            token = (weakref.ref(obj), _sampled(at, obj.nbytes), at, obj.nbytes, obj)
         self.buffer_tokens[id(buffer)] = (buffer, token)
         return numpy_array, (buffer, dtype.str, obj.shape)
 
@@ -816,16 +837,8 @@ class StagedBlobs(Blobs):
         return name
 
     def _learn(self, token: tuple[Any, ...], digest: str) -> None:
-        """Remember a buffer's digest for the next snapshot. A numpy array has no version
-        counter: it is taken as unchanged only once two snapshots in a row found the same
-        digest at the same place in the same array ("stable"), so an array the cells
-        keep changing is copied every time (never reused, so never a snapshot dropped)."""
-        key = (token[2], token[3])
-        if token[1] is None or token[1] in ("new", "stable"):
-            prior = _KNOWN.get(key)
-            same = prior is not None and prior[1] == digest and prior[0][0]() is token[0]()
-            token = (token[0], "stable" if same else "new", *token[2:])
-        self.learned[key] = (token[:4], digest)
+        """Remember a buffer's digest, with its counter then, for the next snapshot."""
+        self.learned[(token[2], token[3])] = (token[:4], digest)
 
     def flush(self) -> None:
         """Hash and write the staged buffers; verify the ones reused (the writer)."""
@@ -910,8 +923,6 @@ def _known_digest(token: tuple[Any, ...]) -> str | None:
     doubt = _UNTRUSTED.get(id(tensor))
     if doubt is not None and doubt() is tensor:
         return None
-    if token[1] is None:  # a numpy array: reused once it was found stable
-        return digest if was[1] == "stable" else None
     return digest if was[1] == token[1] else None
 
 

@@ -552,8 +552,9 @@ def _write_staged(
             text = json.dumps(
                 {
                     "stale": f"{len(blobs.stale)} buffer(s) changed without their tensor's "
-                    "version counter saying so (written through .data or .numpy(), or a "
-                    "polars column changed in place)"
+                    "version counter saying so (written through .data or .numpy(), a numpy "
+                    "array changed between the pieces hashed to tell, or a polars column "
+                    "changed in place)"
                 }
             )
         else:
