@@ -345,6 +345,27 @@ def test_a_new_run_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.M
     assert "injected-parameters" in out.read_text()
 
 
+def test_a_resume_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # named by its id, the store is checked to hold that run; the runner takes what that
+    # read found and checks its seal, rather than reading it again twice
+    from spotbook.cli.main import main
+    from spotbook.store.runstore import RunStore
+
+    rd = tmp_path / "rd"
+    spotbook.prepare_run(str(NOTEBOOKS / "params.ipynb"), run_dir=str(rd))
+    reads: list[str] = []
+    read = RunStore.read
+
+    def counted(self: RunStore, rel: str, *args: object, **kwargs: object) -> bytes | None:
+        reads.append(rel)
+        return read(self, rel, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RunStore, "read", counted)
+    monkeypatch.chdir(tmp_path)
+    assert main(["resume", str(rd), "--no-progress-bar"]) == 0
+    assert reads.count("run.json") == 1, reads
+
+
 def test_resume_run_api(tmp_path: Path) -> None:
     rd = tmp_path / "rd"
     spotbook.prepare_run(str(NOTEBOOKS / "params.ipynb"), run_dir=str(rd))

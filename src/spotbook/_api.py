@@ -576,5 +576,5 @@ def _log_output(kind: str, content: dict[str, Any]) -> None:
 def resume_run(run: str, *, options: RunnerOptions | None = None) -> RunResult:
     """Continue a run after its last committed cell, restoring kernel state."""
     store = RunStore(resolve_run(run))
-    store.require_run_of(named_id(run))
-    return _run_sync(Runner(store, options))
+    checked = store.require_run_of(named_id(run))
+    return _run_sync(Runner(store, options, run=checked))

@@ -23,6 +23,7 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ._api import prepare_run
 from ._errors import InputChangedError, UsageError
@@ -82,16 +83,17 @@ def resolve_target(run_dir: str | None, env: Mapping[str, str]) -> WorkerTarget:
     return WorkerTarget(run_dir=run_dir, input_url=input_url, output_url=output_url)
 
 
-def open_target(target: WorkerTarget) -> RunStore:
-    """The run store to run, created from the bucket's notebook in classic mode."""
+def open_target(target: WorkerTarget) -> tuple[RunStore, dict[str, Any] | None]:
+    """The run store to run, created from the bucket's notebook in classic mode; with
+    run.json as read to check it is the run the pod is for (None: prepared here)."""
     if target.input_url is None:
         store = RunStore(target.run_dir)
-        store.require_run_of(target.run_id)
-        return store
+        return store, store.require_run_of(target.run_id)
     try:
-        return prepare_run(target.input_url, target.output_url, run_dir=target.run_dir)
+        return prepare_run(target.input_url, target.output_url, run_dir=target.run_dir), None
     except InputChangedError:
         log.info("a different notebook is at %s: starting its run over", target.input_url)
-        return prepare_run(
+        store = prepare_run(
             target.input_url, target.output_url, run_dir=target.run_dir, restart=True
         )
+        return store, None

@@ -95,18 +95,26 @@ class RunResult:
 class Runner:
     """Runs (or resumes) the run in ``store`` as one attempt."""
 
-    def __init__(self, store: RunStore, options: RunnerOptions | None = None) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        options: RunnerOptions | None = None,
+        *,
+        run: dict[str, Any] | None = None,
+    ) -> None:
+        """``run``: run.json as the caller has just read it (``require_run_of``, to refuse
+        another run's store): its seal is checked here, and it is not read again."""
         self.store = store
         self.opts = options or RunnerOptions()
-        run, store.checked_run = store.checked_run, None
-        if run is None or store.seal is None or store.seal.legacy:
+        checked, store.checked_run = store.checked_run, None
+        if checked is None or store.seal is None or store.seal.legacy:
             # Nothing from the store is used before its seal is checked (exit 2 if not);
             # a store this process prepared (``prepare_run``) was checked and sealed there
-            strict = self.opts.strict_resume or bool(
-                (store.read_json("run.json") or {}).get("spec", {}).get("strict_resume")
-            )
-            run = store.unseal(strict=strict)
+            read = store.require_run() if run is None else run
+            strict = self.opts.strict_resume or bool(read["spec"].get("strict_resume"))
+            run = store.unseal(strict=strict, run=read)
         else:
+            run = checked
             store.refuse_links()  # as unseal does: nothing is read through a link
         self.spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
         raw = store.read("input.ipynb")

@@ -120,10 +120,12 @@ def say_result(result: RunResult) -> None:
     )
 
 
-def _run_runner(store: RunStore, args: argparse.Namespace) -> int:
+def _run_runner(
+    store: RunStore, args: argparse.Namespace, run: dict[str, Any] | None = None
+) -> int:
     on_output, files = _stream_files(args)
     try:
-        result = Runner(store, runner_options(args, on_output)).run()
+        result = Runner(store, runner_options(args, on_output), run=run).run()
     finally:
         for fh in files:
             fh.close()
@@ -344,9 +346,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_resume(args: argparse.Namespace) -> int:
     _check_stream_files(args)
     store = RunStore(resolve_run(args.run))
-    store.require_run_of(named_id(args.run))
+    run = store.require_run_of(named_id(args.run))
     print(f"spotbook: resuming {store.url}", file=sys.stderr)
-    return _run_runner(store, args)
+    return _run_runner(store, args, run)
 
 
 def _cmd_trust(args: argparse.Namespace) -> int:
@@ -396,8 +398,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         if where and not os.path.isdir(where):
             os.makedirs(where, mode=0o700, exist_ok=True)
     target = resolve_target(args.run_dir, os.environ)
-    store = open_target(target)
+    store, run = open_target(target)
     if store.exists(CANCELLED):
         raise UsageError(f"run in {store.url} was cancelled (`spotbook cancel`); not starting it")
     print(f"spotbook: worker for {store.url}", file=sys.stderr)
-    return _run_runner(store, args)
+    return _run_runner(store, args, run)

@@ -518,12 +518,13 @@ class RunStore:
         self.run_generation = generation
         return info
 
-    def unseal(self, strict: bool = False) -> dict[str, Any]:
-        """run.json, checked with this machine's key; arms the store for the rest.
+    def unseal(self, strict: bool = False, run: dict[str, Any] | None = None) -> dict[str, Any]:
+        """run.json (``run``: as ``require_run`` has just read it), checked with this
+        machine's key; arms the store for the rest.
 
         Raises StoreIntegrityError (exit 2) naming what failed; nothing is used first.
         """
-        run = self.require_run()
+        run = self.require_run() if run is None else run
         spec = run.get("spec")
         info = run.get("seal")
         if not isinstance(spec, dict) or not isinstance(spec.get("run_id"), str):
