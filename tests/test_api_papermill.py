@@ -323,10 +323,8 @@ def test_prepare_only(tmp_path: Path) -> None:
     assert not (tmp_path / "rd" / "cells").exists()
 
 
-def test_a_new_run_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the look for a run already there; what the command then sealed is not read back
-    # (each read of an object store is a request)
-    from spotbook.cli.main import main
+def _store_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names every RunStore reads from here on, in order."""
     from spotbook.store.runstore import RunStore
 
     reads: list[str] = []
@@ -337,6 +335,15 @@ def test_a_new_run_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.M
         return read(self, rel, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(RunStore, "read", counted)
+    return reads
+
+
+def test_a_new_run_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the look for a run already there; what the command then sealed is not read back
+    # (each read of an object store is a request)
+    from spotbook.cli.main import main
+
+    reads = _store_reads(monkeypatch)
     out, rd = tmp_path / "p.ipynb", tmp_path / "rd"
     nb = str(NOTEBOOKS / "params.ipynb")
     args = ["run", nb, str(out), "-p", "alpha", "3", "--run-dir", str(rd), "--prepare-only"]
@@ -346,21 +353,13 @@ def test_a_new_run_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_a_resume_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # named by its id, the store is checked to hold that run; the runner takes what that
-    # read found and checks its seal, rather than reading it again twice
+    # the check that the store holds the run asked for reads it; the runner checks the
+    # seal of what that read found, rather than reading it twice more
     from spotbook.cli.main import main
-    from spotbook.store.runstore import RunStore
 
     rd = tmp_path / "rd"
     spotbook.prepare_run(str(NOTEBOOKS / "params.ipynb"), run_dir=str(rd))
-    reads: list[str] = []
-    read = RunStore.read
-
-    def counted(self: RunStore, rel: str, *args: object, **kwargs: object) -> bytes | None:
-        reads.append(rel)
-        return read(self, rel, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(RunStore, "read", counted)
+    reads = _store_reads(monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert main(["resume", str(rd), "--no-progress-bar"]) == 0
     assert reads.count("run.json") == 1, reads
