@@ -80,14 +80,18 @@ KINDS = {
 
 def cells(kind: str, gib: float, snaps: Path) -> list[str]:
     """The notebook; each cell after the first waits until the snapshot after the cell
-    before it is committed (a manifest in ``snaps``), so no snapshot is still being
-    written at the next boundary: what is measured is the pause, not a wait for a write."""
+    before it is committed (a manifest in ``snaps``) and on disk, so no snapshot is still
+    being written at the next boundary: what is measured is the pause, not a wait for a
+    write."""
     parts = max(1, int(gib * 8))
     n = int(gib * (1 << 30) / 8 / parts)
     build, change, same = (c.format(n=n, parts=parts) for c in KINDS[kind])
 
     def after(k: int) -> str:
-        return f"\nwhile snapshots() < {k}:\n    time.sleep(0.01)"
+        # then waits for the disk to take what it wrote: a pause after GiBs written may
+        # otherwise be the kernel's own small writes held back by the page cache's
+        # writeback (dirty-page throttling), whatever the snapshot does
+        return f"\nwhile snapshots() < {k}:\n    time.sleep(0.01)\nos.sync()"
 
     first = (
         f"import os\ndef snapshots():\n    d = {str(snaps)!r}\n"
