@@ -143,8 +143,10 @@ class CellLoop:
                 async with run.kernel_may_die(index, "while starting the snapshot after cell"):
                     # one at a time; after a notice, only within the save budget
                     await snaps.settle(wait=True, deadline=self._save_deadline())
+                    # the one before may have failed in the kernel: snapshots are off
+                    snap_due = snaps.enabled
                     try:
-                        background = await snaps.start(index)
+                        background = snap_due and await snaps.start(index)
                     except Terminated:
                         order.record(index, record)  # as a synchronous one cut short
                         raise
