@@ -393,14 +393,19 @@ def _torch_kind(kind: type, name: str) -> bool:
     return kind.__name__ == name and kind.__module__ in ("torch", "torch.storage")
 
 
-def _storage_memory(storage: Any) -> memoryview:
-    """A CPU storage's bytes, without a copy (valid while the storage lives)."""
+def _memory_at(at: int, n: int) -> memoryview:
+    """The ``n`` bytes at address ``at``, without a copy (valid while their owner lives)."""
     import ctypes
 
+    return memoryview((ctypes.c_char * n).from_address(at)).cast("B")
+
+
+def _storage_memory(storage: Any) -> memoryview:
+    """A CPU storage's bytes, without a copy (valid while the storage lives)."""
     n = storage.nbytes()
     if not n:
         return memoryview(b"")
-    return memoryview((ctypes.c_char * n).from_address(storage.data_ptr())).cast("B")
+    return _memory_at(storage.data_ptr(), n)
 
 
 _SAMPLES, _SAMPLE = 512, 128  # a numpy array's pieces hashed to tell a change: 64 KiB
@@ -412,9 +417,7 @@ def _sampled(at: int, n: int) -> bytes:
     and the last among them. A change of the whole array, or of anything as large as the
     gaps between the pieces, moves it; a smaller one may not, and is caught when the
     writer hashes the array again (that snapshot dropped, the array copied from then on)."""
-    import ctypes
-
-    whole = memoryview((ctypes.c_char * n).from_address(at)).cast("B")
+    whole = _memory_at(at, n)
     step = max(_SAMPLE, (n - _SAMPLE) // (_SAMPLES - 1))
     h = hashlib.blake2b(digest_size=16)
     for off in range(0, max(n - _SAMPLE, 0) + 1, step):

@@ -619,13 +619,13 @@ def fork_unsafe() -> str:
     """Why this kernel cannot be forked for a snapshot ("" when it can): a copy of a
     process holding a GPU context, or threads the notebook started (they may hold locks
     the copy would need, and do not exist in it), or a platform without fork."""
-    why = _never_forks()
-    if why:
-        return why
+    return _never_forks() or _threads_running()
+
+
+def _threads_running() -> str:
+    """The notebook's threads that keep this kernel from forking now ("" if none)."""
     threads = _threads()
-    if threads:
-        return f"threads started by the notebook are running ({', '.join(threads)})"
-    return ""
+    return f"threads started by the notebook are running ({', '.join(threads)})" if threads else ""
 
 
 def _never_forks() -> str:
@@ -731,7 +731,7 @@ def snapshot_fork(blob_dir: str, result_path: str) -> str:
     why = _never_forks()
     if why:
         return json.dumps({"unsafe": why, "lasting": True})
-    why = fork_unsafe()
+    why = _threads_running()
     if why:
         return json.dumps({"unsafe": why})
     parent = os.getpid()
