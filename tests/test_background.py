@@ -405,3 +405,116 @@ def test_numpy_arrays_left_alone_are_not_copied_and_a_change_is_caught(tmp_path:
     for _ in range(2):  # no longer trusted: copied each time
         _, blobs = snapshot()
         assert (blobs.staged, blobs.reused, blobs.stale) == (both, 0, [])
+
+
+def _cuda() -> Any:
+    """torch with a GPU, or the test skipped: these run on a GPU machine only (opt-in)."""
+    torch = pytest.importorskip("torch", reason="opt-in: needs torch and a GPU")
+    if shutil.which("nvidia-smi") is None or not torch.cuda.is_available():
+        pytest.skip("opt-in: needs nvidia-smi and a GPU")
+    return torch
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_are_staged_through_pinned_memory_and_unchanged_ones_not_copied(
+    tmp_path: Path,
+) -> None:
+    """In a staged snapshot a CUDA storage is copied into pinned memory in the pause and
+    comes back on its device, shared by the tensors that shared it; one whose tensor's
+    counter has not moved is neither copied nor written (the writer reads the device's
+    bytes again); one changed through ``.data`` (no count) is caught by that reading."""
+    torch = _cuda()
+    from spotbook.kernel import pickling
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(1024, 1024, device="cuda"))  # 4 MiB
+    frozen = torch.randn(2048, 1024, device="cuda")  # 8 MiB, never changed
+    small = torch.arange(10.0, device="cuda")  # in band
+    values = {"w": w, "view": w.data[10:20], "frozen": frozen, "small": small}
+    big = w.numel() * 4 + frozen.numel() * 4
+    pickling._KNOWN.clear()
+
+    def snapshot() -> Any:
+        doc, blobs = _staged_snapshot(tmp_path / "blobs", values)
+        back, failed = pickling.load_namespace(doc, pickling.Blobs(str(tmp_path / "blobs")))
+        assert failed == {}
+        for name, value in values.items():
+            assert back[name].device == value.device and torch.equal(back[name], value)
+        assert back["view"].untyped_storage().data_ptr() == back["w"].untyped_storage().data_ptr()
+        assert isinstance(back["w"], torch.nn.Parameter) and back["w"].requires_grad
+        return blobs
+
+    first = snapshot()
+    assert (first.staged, first.reused, first.stale) == (big, 0, [])
+    second = snapshot()
+    assert (second.staged, second.reused, second.stale) == (0, big, [])
+    with torch.no_grad():
+        w.add_(1.0)  # counted: copied again
+    third = snapshot()
+    assert (third.staged, third.reused, third.stale) == (w.numel() * 4, frozen.numel() * 4, [])
+    frozen.data.mul_(0.5)  # not counted: reused, then caught by the writer
+    _, blobs = _staged_snapshot(tmp_path / "blobs", values)
+    assert blobs.stale, "a change behind the counter was taken as unchanged"
+    again = snapshot()  # no longer trusted: copied
+    assert again.staged == big and not again.stale
+
+
+@pytest.mark.gpu
+def test_a_cuda_training_run_killed_resumes_on_a_wiped_node(tmp_path: Path) -> None:
+    """torch on the GPU: staged snapshots (a CUDA context may not fork). A weight matrix
+    left alone is neither copied nor written again; one changed through ``.data`` is caught
+    and that snapshot dropped. Killed after it and resumed on a wiped node (on the same
+    GPU), the run gives what an uninterrupted one gives, the CUDA generator included."""
+    _cuda()
+    from spotbook.store.runstore import RunStore
+
+    work, go = tmp_path / "work", tmp_path / "go"
+    env = {}
+    for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
+        env[var] = str(tmp_path / name)
+        os.makedirs(env[var])
+    work.mkdir()
+    step = (
+        "for _ in range(3):\n"
+        "    x = torch.randn(64, 1024, device=dev)\n"
+        "    opt.zero_grad(); (x @ w @ frozen.T).pow(2).mean().backward(); opt.step()"
+    )
+    cells = (
+        "import torch\ntorch.manual_seed(0)\ndev = torch.device('cuda')\n"
+        "w = torch.nn.Parameter(torch.randn(1024, 1024, device=dev) / 32)\n"
+        "frozen = torch.randn(4096, 1024, device=dev) / 32  # 16 MiB, never changed\n"
+        "opt = torch.optim.SGD([w], lr=0.01, momentum=0.9)",
+        step,
+        step,
+        "w.data.mul_(0.5)  # a change torch's version counter does not see",
+        _gate(go) + "\n" + step,
+        "print(float(w.double().sum()), float(frozen.double().sum()), "
+        "int(torch.cuda.get_rng_state().sum()))",
+    )
+    write_notebook(work / "nb.ipynb", *cells)
+    go.touch()
+    r = cli("run", "nb.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    want = json.loads((work / "ref.ipynb").read_text())["cells"][5]["outputs"][0]["text"]
+    go.unlink()
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=work, env=env,
+    )  # fmt: skip
+    wait_for(lambda: cells_committed(work / "rd") == 4, what="cells 0-3 committed")
+    code, err = kill(proc)
+    assert code == -signal.SIGKILL, err
+    store = RunStore(str(work / "rd"))
+    keys = store.snapshot_keys()
+    assert sorted(keys) == [0, 1, 2], keys  # the one after cell 3 was dropped
+    after2 = store.read_snapshot(keys[2])
+    assert after2 is not None and after2["reused_bytes"] >= 4096 * 1024 * 4
+    _wipe(work, env)
+    go.touch()
+    r = cli("resume", "rd", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    second = json.loads(cli("status", "rd", "--json", cwd=work, env=env).stdout)["attempts"][1]
+    assert second["restored_snapshot"].startswith("00002-") and second["replayed"] == [3]
+    assert second["snapshots_staged"]
+    got = json.loads((work / "out.ipynb").read_text())["cells"][5]["outputs"][0]["text"]
+    assert got == want

@@ -22,7 +22,10 @@ Reducers capture what plain pickling cannot, so it needs no replay:
 - numpy views of an array that is saved too: a view again, not a copy;
 - torch's CPU storages: their memory as an out-of-band buffer (torch's own reducer
   copies it through ``torch.save`` into bytes), one per storage, so tensors that share
-  one (a view, a parameter and its ``.data``) share it again when loaded;
+  one (a view, a parameter and its ``.data``) share it again when loaded; a CUDA
+  storage likewise, its bytes copied to the host (in a staged snapshot, asynchronously
+  into pinned memory, and not at all when its tensor's counter says it is unchanged)
+  and back to its device when loaded;
 - functions defined in the notebook: re-bound to the live namespace.
 """
 
@@ -188,6 +191,13 @@ def untyped_storage(buffer: Any) -> Any:
     if view.readonly:  # an in-band buffer came back as bytes: torch wants to own a copy
         view = memoryview(bytearray(view))
     return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
+
+
+def device_storage(buffer: Any, device: str) -> Any:
+    """A torch storage on a GPU again (``device``, as ``cuda:0``): its saved bytes, as for
+    a CPU storage, copied to the device. Without that device this fails, as torch's own
+    reducer does, and the variable is replayed."""
+    return untyped_storage(buffer).to(device=device)
 
 
 def typed_storage(untyped: Any, dtype: Any) -> Any:
@@ -454,6 +464,7 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
     ) -> None:
         super().__init__(file, protocol=5, buffer_callback=on_buffer)
         self.track = track  # numpy arrays with change tokens (staged snapshots)
+        self.staging: StagedBlobs | None = None  # where a staged snapshot's GPU copies go
         self._user_globals = user_globals
         self._roots = array_roots
         self.types: set[type] = set()  # the types the segment being written reduces
@@ -527,10 +538,12 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
         torch, which hands over a typed storage); None for torch's own reducer."""
         if _torch_kind(kind, "TypedStorage"):
             untyped = getattr(obj, "_untyped_storage", None)
-            if untyped is not None and untyped.device.type == "cpu":
+            if untyped is not None and untyped.device.type in ("cpu", "cuda"):
                 return typed_storage, (untyped, obj.dtype)
             return None
         if _torch_kind(kind, "UntypedStorage"):
+            if obj.device.type == "cuda":
+                return self._cuda(obj)
             if obj.device.type != "cpu":
                 return None
             buffer = pickle.PickleBuffer(_storage_memory(obj))
@@ -545,6 +558,20 @@ class NamespacePickler(cloudpickle.Pickler):  # type: ignore[misc]
                 if id(storage) not in self.tokens:
                     self.tokens[id(storage)] = (storage, _change_token(obj))
         return None
+
+    def _cuda(self, storage: Any) -> Any:
+        """A CUDA storage as an out-of-band buffer of its bytes on the host: in a staged
+        snapshot a copy into pinned memory made while the notebook is paused (or nothing
+        at all, when its counter says it is unchanged), else a plain copy."""
+        token = self.tokens.get(id(storage), (None, None))[1]
+        n = storage.nbytes()
+        if self.staging is not None and n >= OUT_OF_BAND:
+            host = self.staging.from_device(storage, token)
+        else:
+            host = _device_view(storage).cpu().numpy()
+        buffer = pickle.PickleBuffer(host)
+        self.buffer_tokens[id(buffer)] = (buffer, token)
+        return device_storage, (buffer, str(storage.device))
 
     def _numpy(self, obj: Any) -> Any:
         """Staged snapshots: a large plain array that owns its memory as an out-of-band
@@ -806,6 +833,38 @@ class StagedBlobs(Blobs):
         self.verify: list[tuple[memoryview, Any, str, tuple[Any, ...]]] = []
         self.stale: list[str] = []
         self.learned: dict[tuple[int, int], tuple[tuple[Any, ...], str]] = {}
+        self._owned: dict[int, Any] = {}  # host copies of GPU storages, by id: not copied again
+        self._events: list[Any] = []  # the copies from the GPU still under way
+
+    def from_device(self, storage: Any, token: tuple[Any, ...] | None) -> Any:
+        """A GPU storage's bytes on the host, for :meth:`put`: a stand-in never read when
+        its change token says it is unchanged (:meth:`flush` hashes the device's bytes
+        again), a copy into pinned memory that :meth:`settle` waits for, or, beyond the
+        staging budget, a plain copy (written in the pause)."""
+        import torch
+
+        n = storage.nbytes()
+        if token is not None and _known_digest(token) is not None:
+            return mmap.mmap(-1, n)  # anonymous and never touched: no memory taken
+        device = _device_view(storage)
+        if self.staged + n > self.budget:
+            return device.cpu().numpy()
+        pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        pinned.copy_(device, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(storage.device))
+        self._events.append(event)
+        host = pinned.numpy()
+        self._owned[id(host)] = host
+        self.staged += n
+        return host
+
+    def settle(self) -> None:
+        """Wait for the copies from the GPU (in the pause: the next cell may change the
+        memory they read)."""
+        for event in self._events:
+            event.synchronize()
+        self._events.clear()
 
     def put(self, data: Any, token: tuple[Any, ...] | None = None) -> str:
         view = memoryview(data).cast("B")
@@ -817,7 +876,11 @@ class StagedBlobs(Blobs):
                 self.reused += view.nbytes
                 return known
         holder = view.obj
-        if type(holder) is bytes or type(holder).__name__ == "_BytesIOBuffer":
+        if (
+            type(holder) is bytes
+            or type(holder).__name__ == "_BytesIOBuffer"
+            or self._owned.get(id(holder)) is holder
+        ):
             kept, keep = view, holder  # nobody can change it: no copy
         elif self.staged + view.nbytes <= self.budget:
             mem = _staging(view.nbytes)
@@ -849,11 +912,12 @@ class StagedBlobs(Blobs):
             self.names[name] = digest = super().put(view)
             if token is not None:
                 self._learn(token, digest)
-        for view, _owner, digest, token in self.verify:
+        for view, owner, digest, token in self.verify:
             # the buffer as it is now: the next cell may have changed it since the
             # boundary (a false alarm: one snapshot fewer), but it cannot look unchanged
             # unless it was (or was changed back)
-            if digest_of(view) != digest:
+            on_gpu = getattr(getattr(owner, "device", None), "type", "cpu") == "cuda"
+            if (_device_digest(owner) if on_gpu else digest_of(view)) != digest:
                 self.stale.append(digest)
                 tensor = token[0]()
                 if tensor is not None:
@@ -862,6 +926,7 @@ class StagedBlobs(Blobs):
                     _UNTRUSTED[id(tensor)] = weakref.ref(tensor)
         self.verify.clear()
         self.jobs.clear()
+        self._owned.clear()  # the pinned copies go back to torch's cache of pinned memory
         for mem in self._memory:
             _STAGING_POOL.append(mem)
         self._memory.clear()
@@ -877,6 +942,27 @@ class StagedBlobs(Blobs):
 
     def name(self, value: str) -> str:
         return self.names.get(value, value)
+
+
+def _device_view(storage: Any) -> Any:
+    """A GPU storage's bytes as a tensor of bytes on its device (no copy)."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _device_digest(storage: Any) -> str:
+    """:func:`digest_of` a GPU storage's bytes as they are now, copied to the host a piece
+    at a time (the writer's check of a storage reused unchanged)."""
+    device = _device_view(storage)
+    size = device.numel()
+    if size < 2 * CHUNK:
+        return hashlib.sha256(device.cpu().numpy()).hexdigest()
+    parts = [
+        hashlib.sha256(device[at : at + CHUNK].cpu().numpy()).digest()
+        for at in range(0, size, CHUNK)
+    ]
+    return "t" + hashlib.sha256(_TREE + b"".join(parts)).hexdigest()
 
 
 def _address(view: memoryview) -> int | None:
@@ -1008,9 +1094,9 @@ def dump_namespace(
         return False
 
     roots = array_roots(values)
-    pickler = NamespacePickler(
-        stream, user_globals, on_buffer, roots, track=isinstance(blobs, StagedBlobs)
-    )
+    staging = blobs if isinstance(blobs, StagedBlobs) else None
+    pickler = NamespacePickler(stream, user_globals, on_buffer, roots, track=staging is not None)
+    pickler.staging = staging
     segments: list[list[Any]] = []
     failed: dict[str, str] = {}
     # arrays that view another come last, so the array they view is saved first
@@ -1046,6 +1132,8 @@ def dump_namespace(
             del buffers[nbuf:]
             continue
         segments.append([name, stream.tell(), len(buffers)])
+    if staging is not None:
+        staging.settle()
     data = stream.getbuffer()
     doc = {"stream": blobs.put(data), "size": data.nbytes, "segments": segments, "buffers": buffers}
     del data
