@@ -1107,37 +1107,50 @@ def dump_namespace(
             and roots.get(id(_owner(values[n]))) is not values[n]
         ),
     )
-    for name in order:
-        start, nbuf, marker = stream.tell(), len(buffers), []  # type: ignore[var-annotated]
-        pickler.types = set()
-        try:
-            if name in LOAD_CHECK["exclude"]:
-                raise LoadCheckError(LOAD_CHECK["exclude"][name])
-            pickler.dump((marker, values[name]))
-            if LOAD_CHECK["on"]:
-                _load_check(pickler, stream, start, marker, len(buffers) > nbuf, name)
-        except _BlobUnwritable as exc:
-            # a full disk (or EIO, EDQUOT) is no reason to leave a variable out: the whole
-            # snapshot fails as the store's, and the runner stops with progress kept
-            raise exc.error from None
-        except Exception as exc:  # pickling can raise anything: the variable is replayed
-            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
-            # cut the segment out: its bytes, its buffers and the memo entries it made
-            memo = pickler.memo.copy()
-            first = memo[id(marker)][0] if id(marker) in memo else None
-            if first is not None:
-                pickler.memo = {k: v for k, v in memo.items() if v[0] < first}
-            stream.seek(start)
-            stream.truncate()
-            del buffers[nbuf:]
-            continue
-        segments.append([name, stream.tell(), len(buffers)])
-    if staging is not None:
-        staging.settle()
-    data = stream.getbuffer()
-    doc = {"stream": blobs.put(data), "size": data.nbytes, "segments": segments, "buffers": buffers}
-    del data
-    return doc, failed
+    try:
+        for name in order:
+            start, nbuf, marker = stream.tell(), len(buffers), []  # type: ignore[var-annotated]
+            pickler.types = set()
+            try:
+                if name in LOAD_CHECK["exclude"]:
+                    raise LoadCheckError(LOAD_CHECK["exclude"][name])
+                pickler.dump((marker, values[name]))
+                if LOAD_CHECK["on"]:
+                    _load_check(pickler, stream, start, marker, len(buffers) > nbuf, name)
+            except _BlobUnwritable as exc:
+                # a full disk (or EIO, EDQUOT) is no reason to leave a variable out: the whole
+                # snapshot fails as the store's, and the runner stops with progress kept
+                raise exc.error from None
+            except Exception as exc:  # pickling can raise anything: the variable is replayed
+                failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+                # cut the segment out: its bytes, its buffers and the memo entries it made
+                memo = pickler.memo.copy()
+                first = memo[id(marker)][0] if id(marker) in memo else None
+                if first is not None:
+                    pickler.memo = {k: v for k, v in memo.items() if v[0] < first}
+                stream.seek(start)
+                stream.truncate()
+                del buffers[nbuf:]
+                continue
+            segments.append([name, stream.tell(), len(buffers)])
+        if staging is not None:
+            staging.settle()
+        data = stream.getbuffer()
+        doc = {
+            "stream": blobs.put(data),
+            "size": data.nbytes,
+            "segments": segments,
+            "buffers": buffers,
+        }
+        del data
+        return doc, failed
+    finally:
+        # the pickler and on_buffer hold each other: what the pickler holds (the buffers
+        # handed out, pinned copies of GPU memory among them) would otherwise live on
+        # until the cyclic collector runs, and torch could not reuse that pinned memory
+        pickler.clear_memo()
+        pickler.tokens.clear()
+        pickler.buffer_tokens.clear()
 
 
 # Types whose objects pickle but do not load back (a ``__reduce__`` that "lies") are found
