@@ -108,7 +108,11 @@ nbformat.write(nb, sys.argv[2])
 
 def baseline_src(rev: str, work: Path) -> Path:
     """The ``src/`` of commit ``rev`` (``git archive``), to put first on PYTHONPATH: the
-    spotbook it runs, and the kernels it starts, import that version."""
+    spotbook it runs, and the kernels it starts, import that version. (``rev`` may also
+    name a ``src/`` folder: one archived beforehand, for a copy of the repository without
+    its history.)"""
+    if Path(rev).is_dir():
+        return Path(rev).resolve()
     root = Path(__file__).resolve().parent.parent
     archive = work / "baseline.tar"
     with archive.open("wb") as fh:

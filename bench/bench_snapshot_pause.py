@@ -2,7 +2,8 @@
 commit given by ``--before``), at several sizes of state, in one run.
 
     .venv/bin/python bench/bench_snapshot_pause.py [--sizes 0.1,1,4]
-        [--kernels numpy,torch,polars,lightgbm] [--before REV] [--no-overhead] [--dir DIR]
+        [--kernels numpy,torch,polars,lightgbm[,cuda]] [--before REV] [--no-overhead]
+        [--dir DIR]
 
 Each notebook builds N GiB of state of its kind (numpy arrays; torch CPU tensors; a
 polars DataFrame; numpy arrays in a kernel that has trained a LightGBM booster), then runs
@@ -13,12 +14,15 @@ array in a staged kernel was copied until two snapshots in a row found it the sa
 what is measured is the pause itself, not a wait for the snapshot before. numpy kernels
 may fork (a background snapshot); the others may not: before, their snapshots were
 taken synchronously; now they are staged (the changed buffers copied, then written by a
-thread of the kernel).
+thread of the kernel). ``cuda`` (a GPU machine only): torch tensors on the GPU, staged
+by a copy into pinned memory; before, torch's own reducer copied each one through
+``torch.save``.
 
 The pause after a cell is the time from its record's end to the next cell's start (what
 the runner spent between them, snapshot included), read from the run store's records.
 It is set against one ``memcpy`` of the buffers that changed, timed here in the same run
-(into memory already mapped, as the staging memory is after the first snapshot).
+(into memory already mapped, as the staging memory is after the first snapshot); for
+``cuda``, against a plain ``tensor.cpu()`` of the same tensors.
 
 With the overhead part (on unless ``--no-overhead``): six cells of 0.5 s each updating a
 400 MB tensor (torch) or array (numpy), ``--snapshot off`` against ``every-cell``; the
@@ -66,6 +70,12 @@ KINDS = {
         "state = pl.DataFrame({{f'c{{i}}': rng.random({n}) for i in range({parts})}})",
         "state = state.with_columns(pl.all() + 1.0)",
         "x = float(state[0, 0])",
+    ),
+    "cuda": (
+        "import torch, time\ntorch.manual_seed(0)\n"
+        "state = [torch.rand({n}, dtype=torch.float64, device='cuda') for _ in range({parts})]",
+        "for t in state:\n    t[:512] += 1.0",
+        "x = sum(float(t[0]) for t in state)",
     ),
     "lightgbm": (
         "import numpy as np, lightgbm as lgb, time\nrng = np.random.default_rng(0)\n"
@@ -115,6 +125,30 @@ def memcpy_seconds(nbytes: int) -> float:
     return best
 
 
+def cpu_seconds(gib: float) -> float:
+    """``tensor.cpu()`` of the tensors the ``cuda`` notebook builds, in this process on the
+    same GPU (best of three)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--kernels cuda needs torch with CUDA and a GPU; this machine has none")
+    parts = max(1, int(gib * 8))
+    state = [
+        torch.rand(int(gib * (1 << 30) / 8 / parts), dtype=torch.float64, device="cuda")
+        for _ in range(parts)
+    ]
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        copies = [t.cpu() for t in state]
+        best = min(best, time.perf_counter() - t0)
+        del copies
+    del state
+    torch.cuda.empty_cache()
+    return best
+
+
 def run(
     nb: Path, work: Path, snapshot: str, env: dict[str, str]
 ) -> tuple[dict[str, Any], list[float], float]:
@@ -143,23 +177,31 @@ def ms(x: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="0.1,1,4", help="GiB of state, comma-separated")
-    ap.add_argument("--kernels", default=",".join(KINDS))
+    ap.add_argument("--kernels", default=",".join(k for k in KINDS if k != "cuda"))
     ap.add_argument("--before", default="2a32382", help="the commit to compare with")
     ap.add_argument("--no-overhead", action="store_true")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-pause-", dir=args.dir))
-    old = {"PYTHONPATH": str(baseline_src(args.before, work))}
+    # first on the path: what PYTHONPATH held (the Jupyter packages, on a GPU machine) after
+    old = {
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(baseline_src(args.before, work)), os.environ.get("PYTHONPATH")) if p
+        )
+    }
     rows: list[dict[str, Any]] = []
     try:
         print(
-            "kernel   GiB | changed: pause ms now / before, memcpy ms, now/memcpy | "
+            "kernel   GiB | changed: pause ms now / before, memcpy (cuda: .cpu()) ms, "
+            "now/memcpy | "
             "nothing large changed: pause ms now / before, first | later | how now",
             flush=True,
         )
         for gib in (float(x) for x in args.sizes.split(",")):
-            copy = memcpy_seconds(int(gib * (1 << 30)))
-            for kind in args.kernels.split(","):
+            kinds = args.kernels.split(",")
+            host = memcpy_seconds(int(gib * (1 << 30))) if set(kinds) - {"cuda"} else 0.0
+            for kind in kinds:
+                copy = cpu_seconds(gib) if kind == "cuda" else host
                 nb = write_notebook(work / "p.ipynb", cells(kind, gib, work / "rd/state/snap"))
                 now, before = run(nb, work, "every-cell", {}), run(nb, work, "every-cell", old)
                 # pauses[0] follows the build; [1:4] the changes; [4:7] the cells without:
