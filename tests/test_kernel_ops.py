@@ -148,3 +148,41 @@ def test_the_kernel_says_when_it_will_never_fork() -> None:
     threads, pool = (json.loads(line) for line in r.stdout.splitlines())
     assert "lasting" not in threads and "waiter" in threads["unsafe"], threads
     assert pool["lasting"] is True and pool["unsafe"].startswith("lightgbm is loaded")
+
+
+_STAGED_AFTER_REPLY = """
+import asyncio, json, os
+from IPython.core.interactiveshell import InteractiveShell
+from spotbook.kernel import session
+InteractiveShell.instance().user_ns["x"] = list(range(100_000))
+d = {d!r}
+def staged(name):
+    session.snapshot_staged(os.path.join(d, "blobs"), os.path.join(d, name))
+async def main():
+    staged("r1.json")
+    waited = session._writer.ident is None
+    staged("r2.json")  # asked again before the loop turned: the first is written first
+    first = os.path.exists(os.path.join(d, "r1.json"))
+    await asyncio.sleep(0)
+    session._writer.join()
+    return [waited, first, os.path.exists(os.path.join(d, "r2.json"))]
+print(json.dumps(asyncio.run(main())))
+staged("r3.json")  # no event loop: at once
+print(json.dumps(session._writer.ident is not None))
+"""
+
+
+def test_a_staged_snapshots_writer_starts_once_the_reply_is_sent(tmp_path: Any) -> None:
+    """In the kernel the writer thread starts at the event loop's next turn, after the
+    reply is sent (it would compete with the sending for the interpreter); a second
+    staged snapshot asked for before that starts and waits for it; with no loop running,
+    it starts at once."""
+    r = subprocess.run(
+        [sys.executable, "-c", _STAGED_AFTER_REPLY.format(d=str(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    in_loop, without = (json.loads(line) for line in r.stdout.splitlines())
+    assert in_loop == [True, True, True] and without is True, r.stdout
