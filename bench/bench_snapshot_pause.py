@@ -3,7 +3,7 @@ commit given by ``--before``), at several sizes of state, in one run.
 
     .venv/bin/python bench/bench_snapshot_pause.py [--sizes 0.1,1,4]
         [--kernels numpy,torch,polars,lightgbm[,cuda]] [--before REV] [--no-overhead]
-        [--dir DIR]
+        [--repeat N] [--dir DIR]
 
 Each notebook builds N GiB of state of its kind (numpy arrays; torch CPU tensors; a
 polars DataFrame; numpy arrays in a kernel that has trained a LightGBM booster), then runs
@@ -22,7 +22,9 @@ The pause after a cell is the time from its record's end to the next cell's star
 the runner spent between them, snapshot included), read from the run store's records.
 It is set against one ``memcpy`` of the buffers that changed, timed here in the same run
 (into memory already mapped, as the staging memory is after the first snapshot); for
-``cuda``, against a plain ``tensor.cpu()`` of the same tensors.
+``cuda``, against a plain ``tensor.cpu()`` of the same tensors. ``--repeat N`` runs each
+side N times, in turn, and pools their pauses (a 2-core machine's pauses of 10-30 ms
+vary by several ms from run to run).
 
 With the overhead part (on unless ``--no-overhead``): six cells of 0.5 s each updating a
 400 MB tensor (torch) or array (numpy), ``--snapshot off`` against ``every-cell``; the
@@ -170,6 +172,19 @@ def run(
     return attempt, pauses, span
 
 
+def pooled(runs: list[tuple[dict[str, Any], list[float], float]]) -> tuple[Any, ...]:
+    """Runs' pauses pooled: (the first run's attempt record, the pauses after the cells
+    that change every buffer, after the first cell without a change, after the later
+    ones). pauses[0] follows the build; before, a numpy array in a staged kernel was
+    reused only once two snapshots in a row found it the same: hence the first apart."""
+    return (
+        runs[0][0],
+        [x for r in runs for x in r[1][1:4]],
+        [r[1][4] for r in runs],
+        [x for r in runs for x in r[1][5:7]],
+    )
+
+
 def ms(x: float) -> str:
     return f"{x * 1e3:8.1f}"
 
@@ -180,6 +195,7 @@ def main() -> None:
     ap.add_argument("--kernels", default=",".join(k for k in KINDS if k != "cuda"))
     ap.add_argument("--before", default="2a32382", help="the commit to compare with")
     ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each side, their pauses pooled")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-pause-", dir=args.dir))
@@ -203,13 +219,14 @@ def main() -> None:
             for kind in kinds:
                 copy = cpu_seconds(gib) if kind == "cuda" else host
                 nb = write_notebook(work / "p.ipynb", cells(kind, gib, work / "rd/state/snap"))
-                now, before = run(nb, work, "every-cell", {}), run(nb, work, "every-cell", old)
-                # pauses[0] follows the build; [1:4] the changes; [4:7] the cells without:
-                # the first of those, and the later ones (before, a numpy array in a
-                # staged kernel was reused once two snapshots in a row found it the same)
-                changed = (statistics.median(now[1][1:4]), statistics.median(before[1][1:4]))
-                first = (now[1][4], before[1][4])
-                same = (statistics.median(now[1][5:7]), statistics.median(before[1][5:7]))
+                nows, befores = [], []
+                for _ in range(args.repeat):  # in turn: the machine's drift hits both alike
+                    nows.append(run(nb, work, "every-cell", {}))
+                    befores.append(run(nb, work, "every-cell", old))
+                now, before = pooled(nows), pooled(befores)
+                changed = (statistics.median(now[1]), statistics.median(before[1]))
+                first = (statistics.median(now[2]), statistics.median(before[2]))
+                same = (statistics.median(now[3]), statistics.median(before[3]))
                 how = (
                     "staged"
                     if now[0].get("snapshots_staged")
@@ -230,8 +247,8 @@ def main() -> None:
                         "kernel": kind,
                         "gib": gib,
                         "memcpy_ms": round(copy * 1e3, 1),
-                        "now_ms": [round(x * 1e3, 1) for x in now[1]],
-                        "before_ms": [round(x * 1e3, 1) for x in before[1]],
+                        "now_ms": [[round(x * 1e3, 1) for x in r[1]] for r in nows],
+                        "before_ms": [[round(x * 1e3, 1) for x in r[1]] for r in befores],
                         "how": how,
                     }
                 )
