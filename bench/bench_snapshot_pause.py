@@ -191,7 +191,7 @@ def ms(x: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="0.1,1,4", help="GiB of state, comma-separated")
+    ap.add_argument("--sizes", default="0.1,1,4", help="GiB of state, comma-separated (none: none)")
     ap.add_argument("--kernels", default=",".join(k for k in KINDS if k != "cuda"))
     ap.add_argument("--before", default="2a32382", help="the commit to compare with")
     ap.add_argument("--no-overhead", action="store_true")
@@ -213,7 +213,7 @@ def main() -> None:
             "nothing large changed: pause ms now / before, first | later | how now",
             flush=True,
         )
-        for gib in (float(x) for x in args.sizes.split(",")):
+        for gib in (float(x) for x in args.sizes.split(",") if x != "none"):
             kinds = args.kernels.split(",")
             host = memcpy_seconds(int(gib * (1 << 30))) if set(kinds) - {"cuda"} else 0.0
             for kind in kinds:
@@ -253,14 +253,15 @@ def main() -> None:
                     }
                 )
         if not args.no_overhead:
-            overhead(work, old)
+            overhead(work, old, args.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(rows))
 
 
-def overhead(work: Path, old: dict[str, str]) -> None:
-    """every-cell against off, on six 0.5 s cells updating 400 MB: torch and numpy."""
+def overhead(work: Path, old: dict[str, str], repeat: int = 1) -> None:
+    """every-cell against off, on six 0.5 s cells updating 400 MB: torch and numpy (each
+    time the median of ``repeat`` runs)."""
     n = 400_000_000 // 8
     notebooks = {
         "numpy": [f"import numpy as np, time\nw = np.zeros({n})"],
@@ -272,8 +273,8 @@ def overhead(work: Path, old: dict[str, str]) -> None:
     for kind, sources in notebooks.items():
         nb = write_notebook(work / f"o-{kind}.ipynb", [*sources, *[step] * 6])
         for when, env in (("now", {}), ("before", old)):
-            off = run(nb, work, "off", env)[2]
-            every = run(nb, work, "every-cell", env)[2]
+            off = statistics.median(run(nb, work, "off", env)[2] for _ in range(repeat))
+            every = statistics.median(run(nb, work, "every-cell", env)[2] for _ in range(repeat))
             factor[kind, when] = every / off
             extra[kind, when] = every - off
             print(
