@@ -302,6 +302,8 @@ def test_torch_tensors_unchanged_are_not_copied_and_a_change_behind_the_counter_
     assert sorted(keys) == [0, 1, 2], keys  # the one after cell 3 was dropped
     after2 = store.read_snapshot(keys[2])
     assert after2 is not None and after2["reused_bytes"] >= 4096 * 256 * 4
+    # of the notebook's pause, the kernel's own part (the rest: the request, the files)
+    assert 0 < after2["kernel_pause_seconds"] <= after2["pause_seconds"]
     _wipe(work, env)
     go.touch()
     r = cli("resume", "rd", cwd=work, env=env)

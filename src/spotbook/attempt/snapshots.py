@@ -74,6 +74,8 @@ class Pending:
     # written by a thread of the kernel itself (staged: the kernel must not fork), so
     # ``pid`` is the kernel's, never to be killed for it
     staged: bool = False
+    # of ``pause``, what the kernel took itself (the rest: the request, the run's files)
+    kernel_pause: float = 0.0
 
 
 def _alive(pid: int) -> bool:
@@ -316,6 +318,7 @@ class Snapshots:
                 doc[key] = int(manifest[key])
         if pause is not None:
             doc["pause_seconds"] = round(pause, 6)
+            doc["kernel_pause_seconds"] = round(float(manifest.get("kernel_pause") or 0.0), 6)
             if "cpu_seconds" in manifest:
                 doc["copy_cpu_seconds"] = round(float(manifest["cpu_seconds"]), 6)
         journal.fence()
@@ -353,7 +356,16 @@ class Snapshots:
         # the next cell: the files as they are now are the snapshot's
         files = await self._capture_files(index)
         pause = time.monotonic() - m0
-        p = self.pending = Pending(index, int(answer["pid"]), path, m0, pause, files, staged=staged)
+        p = self.pending = Pending(
+            index,
+            int(answer["pid"]),
+            path,
+            m0,
+            pause,
+            files,
+            staged=staged,
+            kernel_pause=float(answer.get("pause") or 0.0),
+        )
         self.order.writing(index)
         p.task = self._last_task = asyncio.ensure_future(self._complete(p))
         self.pauses.append(pause)
@@ -435,6 +447,7 @@ class Snapshots:
                 int(found.get("cpus") or 1), 1
             )
             written = time.monotonic() - p.started
+            found["kernel_pause"] = p.kernel_pause
             self._commit(p.index, found, cost=cost, written=written, pause=p.pause)
         except (OSError, StorageError) as exc:
             self._lose(p)  # the held records are not committed: their cells rerun
