@@ -151,10 +151,13 @@ def cpu_seconds(gib: float) -> float:
     return best
 
 
-def run(
-    nb: Path, work: Path, snapshot: str, env: dict[str, str]
-) -> tuple[dict[str, Any], list[float], float]:
-    """One run: (its attempt record, the pauses after each cell, first start to last end)."""
+# one run: its attempt record, the pauses after each cell, first start to last end, and of
+# each pause what the kernel took itself (the snapshot records' kernel_pause_seconds)
+Run = tuple[dict[str, Any], list[float], float, list[float]]
+
+
+def run(nb: Path, work: Path, snapshot: str, env: dict[str, str]) -> Run:
+    """One run of ``nb`` (see :data:`Run`)."""
     rd = work / "rd"
     r = subprocess.run(
         [sys.executable, "-m", "spotbook", "run", str(nb), "--run-dir", str(rd),
@@ -168,20 +171,27 @@ def run(
     records = store.cell_records()
     span = float(records[max(records)]["end"]) - float(records[min(records)]["start"])
     pauses = record_pauses(store)
+    kernel = [0.0] * len(pauses)
+    for index, key in store.snapshot_keys().items():
+        doc = store.read_snapshot(key) or {}
+        if index < len(kernel):
+            kernel[index] = float(doc.get("kernel_pause_seconds") or 0.0)
     shutil.rmtree(rd)
-    return attempt, pauses, span
+    return attempt, pauses, span, kernel
 
 
-def pooled(runs: list[tuple[dict[str, Any], list[float], float]]) -> tuple[Any, ...]:
+def pooled(runs: list[Run]) -> tuple[Any, ...]:
     """Runs' pauses pooled: (the first run's attempt record, the pauses after the cells
     that change every buffer, after the first cell without a change, after the later
-    ones). pauses[0] follows the build; before, a numpy array in a staged kernel was
-    reused only once two snapshots in a row found it the same: hence the first apart."""
+    ones, the kernel's part of the first of these). pauses[0] follows the build; before,
+    a numpy array in a staged kernel was reused only once two snapshots in a row found it
+    the same: hence the first apart."""
     return (
         runs[0][0],
         [x for r in runs for x in r[1][1:4]],
         [r[1][4] for r in runs],
         [x for r in runs for x in r[1][5:7]],
+        [x for r in runs for x in r[3][1:4]],
     )
 
 
@@ -209,7 +219,7 @@ def main() -> None:
     try:
         print(
             "kernel   GiB | changed: pause ms now / before, memcpy (cuda: .cpu()) ms, "
-            "now/memcpy | "
+            "now/memcpy, of which the kernel's now | "
             "nothing large changed: pause ms now / before, first | later | how now",
             flush=True,
         )
@@ -237,7 +247,8 @@ def main() -> None:
                 fallback = now[0].get("snapshots_staging_fallback")
                 print(
                     f"{kind:8} {gib:4.1f} | {ms(changed[0])} / {ms(changed[1])}, "
-                    f"{ms(copy)}, {changed[0] / copy:6.2f} | {ms(first[0])} / {ms(first[1])} | "
+                    f"{ms(copy)}, {changed[0] / copy:6.2f}, {ms(statistics.median(now[4]))} | "
+                    f"{ms(first[0])} / {ms(first[1])} | "
                     f"{ms(same[0])} / {ms(same[1])} | "
                     f"{how}{'; ' + fallback if fallback else ''}",
                     flush=True,
@@ -249,6 +260,7 @@ def main() -> None:
                         "memcpy_ms": round(copy * 1e3, 1),
                         "now_ms": [[round(x * 1e3, 1) for x in r[1]] for r in nows],
                         "before_ms": [[round(x * 1e3, 1) for x in r[1]] for r in befores],
+                        "now_kernel_ms": [[round(x * 1e3, 1) for x in r[3]] for r in nows],
                         "how": how,
                     }
                 )
