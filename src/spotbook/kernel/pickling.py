@@ -839,8 +839,9 @@ class StagedBlobs(Blobs):
     def from_device(self, storage: Any, token: tuple[Any, ...] | None) -> Any:
         """A GPU storage's bytes on the host, for :meth:`put`: a stand-in never read when
         its change token says it is unchanged (:meth:`flush` hashes the device's bytes
-        again), a copy into pinned memory that :meth:`settle` waits for, or, beyond the
-        staging budget, a plain copy (written in the pause)."""
+        again), a copy into pinned memory that :meth:`settle` waits for (a plain copy
+        where none is to be had), or, beyond the staging budget, a plain copy written in
+        the pause."""
         import torch
 
         n = storage.nbytes()
@@ -849,12 +850,17 @@ class StagedBlobs(Blobs):
         device = _device_view(storage)
         if self.staged + n > self.budget:
             return device.cpu().numpy()
-        pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-        pinned.copy_(device, non_blocking=True)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(torch.cuda.current_stream(storage.device))
-        self._events.append(event)
-        host = pinned.numpy()
+        try:
+            pinned = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError as exc:  # no pinned memory to be had: a plain copy, now
+            self.fallback = f"pinned memory was refused ({exc})"[:300]
+            host = device.cpu().numpy()
+        else:
+            pinned.copy_(device, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(torch.cuda.current_stream(storage.device))
+            self._events.append(event)
+            host = pinned.numpy()
         self._owned[id(host)] = host
         self.staged += n
         return host
