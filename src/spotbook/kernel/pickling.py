@@ -842,8 +842,7 @@ class StagedBlobs(Blobs):
         again), a copy into pinned memory that :meth:`settle` waits for (a plain copy
         where none is to be had), or, beyond the staging budget, a plain copy written in
         the pause."""
-        import torch
-
+        torch = sys.modules["torch"]  # loaded: it made the storage
         n = storage.nbytes()
         if token is not None and _known_digest(token) is not None:
             return mmap.mmap(-1, n)  # anonymous and never touched: no memory taken
@@ -857,7 +856,7 @@ class StagedBlobs(Blobs):
             host = device.cpu().numpy()
         else:
             pinned.copy_(device, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(storage.device))
             self._events.append(event)
             host = pinned.numpy()
@@ -952,8 +951,7 @@ class StagedBlobs(Blobs):
 
 def _device_view(storage: Any) -> Any:
     """A GPU storage's bytes as a tensor of bytes on its device (no copy)."""
-    import torch
-
+    torch = sys.modules["torch"]
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
