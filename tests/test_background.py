@@ -253,14 +253,14 @@ def test_under_auto_the_cells_never_wait_for_a_snapshot_being_written(tmp_path: 
     assert "".join(out["cells"][4]["outputs"][0]["text"]) == "2\n"
 
 
-def test_torch_tensors_unchanged_are_not_copied_and_a_change_behind_the_counter_is_caught(
-    tmp_path: Path,
-) -> None:
-    """torch loaded: staged snapshots. A tensor whose version counter has not moved is
-    neither copied nor written; one changed through ``.data`` (no count) is caught by the
-    writer and that snapshot dropped. Killed after it, resumed on a wiped node, the run
-    gives what an uninterrupted one gives."""
-    pytest.importorskip("torch", reason="torch is not installed here (scripts/check.sh)")
+def _a_dropped_snapshot_resumed_on_a_wiped_node(
+    tmp_path: Path, setup: str, step: str, frozen_bytes: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``setup`` makes a parameter ``w``, a tensor ``frozen`` of ``frozen_bytes`` never
+    changed, and an optimizer; two cells of ``step``, then ``w`` changed through ``.data``
+    (the snapshot after it dropped), then a cell held at a gate. Killed there, resumed on a
+    wiped node: it gives what an uninterrupted run gives. Returns the snapshot after cell 2
+    and the second attempt's record."""
     from spotbook.store.runstore import RunStore
 
     work, go = tmp_path / "work", tmp_path / "go"
@@ -269,19 +269,14 @@ def test_torch_tensors_unchanged_are_not_copied_and_a_change_behind_the_counter_
         env[var] = str(tmp_path / name)
         os.makedirs(env[var])
     work.mkdir()
-    step = (
-        "for _ in range(3):\n"
-        "    opt.zero_grad(); (w @ frozen.T).pow(2).mean().backward(); opt.step()"
-    )
     cells = (
-        "import torch\ntorch.manual_seed(0)\nw = torch.nn.Parameter(torch.randn(256, 256))\n"
-        "frozen = torch.randn(4096, 256)  # 4 MiB, never changed\n"
-        "opt = torch.optim.SGD([w], lr=0.01, momentum=0.9)",
+        setup,
         step,
         step,
         "w.data.mul_(0.5)  # a change torch's version counter does not see",
         _gate(go) + "\n" + step,
-        "print(float(w.double().sum()), float(frozen.double().sum()))",
+        "print(float(w.double().sum()), float(frozen.double().sum()), "
+        "int(torch.random.get_rng_state().sum()))",
     )
     write_notebook(work / "nb.ipynb", *cells)
     go.touch()
@@ -301,18 +296,38 @@ def test_torch_tensors_unchanged_are_not_copied_and_a_change_behind_the_counter_
     keys = store.snapshot_keys()
     assert sorted(keys) == [0, 1, 2], keys  # the one after cell 3 was dropped
     after2 = store.read_snapshot(keys[2])
-    assert after2 is not None and after2["reused_bytes"] >= 4096 * 256 * 4
-    # of the notebook's pause, the kernel's own part (the rest: the request, the files)
-    assert 0 < after2["kernel_pause_seconds"] <= after2["pause_seconds"]
+    assert after2 is not None and after2["reused_bytes"] >= frozen_bytes
     _wipe(work, env)
     go.touch()
     r = cli("resume", "rd", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     second = json.loads(cli("status", "rd", "--json", cwd=work, env=env).stdout)["attempts"][1]
     assert second["restored_snapshot"].startswith("00002-") and second["replayed"] == [3]
-    assert "torch is loaded" in second["snapshots_staged"]
     got = json.loads((work / "out.ipynb").read_text())["cells"][5]["outputs"][0]["text"]
     assert got == want
+    return after2, second
+
+
+def test_torch_tensors_unchanged_are_not_copied_and_a_change_behind_the_counter_is_caught(
+    tmp_path: Path,
+) -> None:
+    """torch loaded: staged snapshots. A tensor whose version counter has not moved is
+    neither copied nor written; one changed through ``.data`` (no count) is caught by the
+    writer and that snapshot dropped. Killed after it, resumed on a wiped node, the run
+    gives what an uninterrupted one gives."""
+    pytest.importorskip("torch", reason="torch is not installed here (scripts/check.sh)")
+    after2, second = _a_dropped_snapshot_resumed_on_a_wiped_node(
+        tmp_path,
+        "import torch\ntorch.manual_seed(0)\nw = torch.nn.Parameter(torch.randn(256, 256))\n"
+        "frozen = torch.randn(4096, 256)  # 4 MiB, never changed\n"
+        "opt = torch.optim.SGD([w], lr=0.01, momentum=0.9)",
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); (w @ frozen.T).pow(2).mean().backward(); opt.step()",
+        4096 * 256 * 4,
+    )
+    # of the notebook's pause, the kernel's own part (the rest: the request, the files)
+    assert 0 < after2["kernel_pause_seconds"] <= after2["pause_seconds"]
+    assert "torch is loaded" in second["snapshots_staged"]
 
 
 def _staged_snapshot(blob_dir: Path, values: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -480,57 +495,18 @@ def test_a_cuda_training_run_killed_resumes_on_a_wiped_node(tmp_path: Path) -> N
     """torch on the GPU: staged snapshots (a CUDA context may not fork). A weight matrix
     left alone is neither copied nor written again; one changed through ``.data`` is caught
     and that snapshot dropped. Killed after it and resumed on a wiped node (on the same
-    GPU), the run gives what an uninterrupted one gives, the CUDA generator included."""
+    GPU), the run gives what an uninterrupted one gives: the cells run after the resume
+    draw from the CUDA generator the snapshot restored."""
     _cuda()
-    from spotbook.store.runstore import RunStore
-
-    work, go = tmp_path / "work", tmp_path / "go"
-    env = {}
-    for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
-        env[var] = str(tmp_path / name)
-        os.makedirs(env[var])
-    work.mkdir()
-    step = (
-        "for _ in range(3):\n"
-        "    x = torch.randn(64, 1024, device=dev)\n"
-        "    opt.zero_grad(); (x @ w @ frozen.T).pow(2).mean().backward(); opt.step()"
-    )
-    cells = (
+    _, second = _a_dropped_snapshot_resumed_on_a_wiped_node(
+        tmp_path,
         "import torch\ntorch.manual_seed(0)\ndev = torch.device('cuda')\n"
         "w = torch.nn.Parameter(torch.randn(1024, 1024, device=dev) / 32)\n"
         "frozen = torch.randn(4096, 1024, device=dev) / 32  # 16 MiB, never changed\n"
         "opt = torch.optim.SGD([w], lr=0.01, momentum=0.9)",
-        step,
-        step,
-        "w.data.mul_(0.5)  # a change torch's version counter does not see",
-        _gate(go) + "\n" + step,
-        "print(float(w.double().sum()), float(frozen.double().sum()), "
-        "int(torch.cuda.get_rng_state().sum()))",
+        "for _ in range(3):\n"
+        "    x = torch.randn(64, 1024, device=dev)\n"
+        "    opt.zero_grad(); (x @ w @ frozen.T).pow(2).mean().backward(); opt.step()",
+        4096 * 1024 * 4,
     )
-    write_notebook(work / "nb.ipynb", *cells)
-    go.touch()
-    r = cli("run", "nb.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=work, env=env)
-    assert r.returncode == 0, r.stderr
-    want = json.loads((work / "ref.ipynb").read_text())["cells"][5]["outputs"][0]["text"]
-    go.unlink()
-    proc = start_cli(
-        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
-        cwd=work, env=env,
-    )  # fmt: skip
-    wait_for(lambda: cells_committed(work / "rd") == 4, what="cells 0-3 committed")
-    code, err = kill(proc)
-    assert code == -signal.SIGKILL, err
-    store = RunStore(str(work / "rd"))
-    keys = store.snapshot_keys()
-    assert sorted(keys) == [0, 1, 2], keys  # the one after cell 3 was dropped
-    after2 = store.read_snapshot(keys[2])
-    assert after2 is not None and after2["reused_bytes"] >= 4096 * 1024 * 4
-    _wipe(work, env)
-    go.touch()
-    r = cli("resume", "rd", cwd=work, env=env)
-    assert r.returncode == 0, r.stderr
-    second = json.loads(cli("status", "rd", "--json", cwd=work, env=env).stdout)["attempts"][1]
-    assert second["restored_snapshot"].startswith("00002-") and second["replayed"] == [3]
     assert second["snapshots_staged"]
-    got = json.loads((work / "out.ipynb").read_text())["cells"][5]["outputs"][0]["text"]
-    assert got == want
