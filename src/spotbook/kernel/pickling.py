@@ -690,7 +690,12 @@ def digest_of(view: memoryview) -> str:
         parts[at] = hashlib.sha256(view[at : at + CHUNK]).digest()
 
     _pieces(size, one)
-    return "t" + hashlib.sha256(_TREE + b"".join(parts[k] for k in sorted(parts))).hexdigest()
+    return _tree_digest([parts[k] for k in sorted(parts)])
+
+
+def _tree_digest(parts: list[bytes]) -> str:
+    """The name of a blob of two pieces or more, from its pieces' sha256s in order."""
+    return "t" + hashlib.sha256(_TREE + b"".join(parts)).hexdigest()
 
 
 class Blobs:
@@ -966,7 +971,7 @@ def _device_digest(storage: Any) -> str:
         hashlib.sha256(device[at : at + CHUNK].cpu().numpy()).digest()
         for at in range(0, size, CHUNK)
     ]
-    return "t" + hashlib.sha256(_TREE + b"".join(parts)).hexdigest()
+    return _tree_digest(parts)
 
 
 def _address(view: memoryview) -> int | None:
