@@ -78,6 +78,7 @@ class FakeKernel:
         self.stopped = False
         self.last = -1  # the notebook cell that finished last
         self.forks_asked = 0
+        self.staged_with_cell = 0  # snapshots asked for with their cell's own request
 
     # -- the kernel's life ---------------------------------------------------------------
     async def start(self) -> None:
@@ -113,7 +114,12 @@ class FakeKernel:
         return set()
 
     async def run_cell(
-        self, cell: Any, index: int, store_history: bool = True, live: bool = True
+        self,
+        cell: Any,
+        index: int,
+        store_history: bool = True,
+        live: bool = True,
+        expressions: dict[str, str] | None = None,
     ) -> CellResult:
         outputs: list[Any] = []
         self._running = (index, outputs) if live else None
@@ -138,11 +144,20 @@ class FakeKernel:
         self.count += store_history
         if live:
             self.last = index
+        # as ipykernel: the user expressions asked with a cell, once its code raised nothing
+        values = {}
+        for key, expression in (expressions or {}).items() if error is None else ():
+            try:
+                value = await self.evaluate(expression)
+                values[key] = {"status": "ok", "data": {"text/plain": repr(value)}}
+            except KernelError as exc:
+                values[key] = {"status": "error", "ename": exc.ename, "evalue": exc.evalue}
         return CellResult(
             outputs=outputs,
             execution_count=self.count if store_history else None,
             metadata={"execution": {}},
             error=error,
+            reply={"status": "error" if error else "ok", "user_expressions": values},
         )
 
     async def replay_cell(self, index: int, execution_count: int | None = None) -> CellResult:
@@ -158,7 +173,7 @@ class FakeKernel:
 
     # -- the kernel side's operations (their replies are JSON text, as the real ones) ---
     def op_init(self) -> str:
-        return json.dumps({"reply_metadata": True})
+        return json.dumps({"reply_metadata": True, "snapshot_with_cell": True})
 
     def op_accelerators(self) -> str:
         return json.dumps({})
@@ -178,6 +193,10 @@ class FakeKernel:
             ename, _, evalue = manifest["error"].partition(": ")
             raise KernelError(ename, evalue)
         return json.dumps(manifest)
+
+    def op_snapshot_after_cell(self, blob_dir: str, result_path: str) -> str:
+        self.staged_with_cell += 1
+        return self.op_snapshot_staged(blob_dir, result_path)
 
     def op_snapshot_staged(self, blob_dir: str, result_path: str) -> str:
         index = self.last

@@ -126,6 +126,46 @@ def test_unsafe_to_fork_is_staged_and_says_why(tmp_path: Path) -> None:
     assert len(list((tmp_path / "rd2" / "state" / "snap").iterdir())) == 3
 
 
+def test_a_staged_snapshot_is_taken_in_its_cells_own_request_and_prints_nothing_there(
+    tmp_path: Path,
+) -> None:
+    """In a kernel whose snapshots are all staged, each one is asked for with the cell it
+    follows (a user expression of the cell's execute request, not a request of its own):
+    what pickling the state prints stays out of the cell's outputs, as a silent request's
+    did, and the cell's number and outputs are as without snapshots."""
+    write_notebook(
+        tmp_path / "nb.ipynb",
+        "import sys\nsys.spotbook_asked_in = []\n"
+        "class Witness:\n    def __reduce__(self):\n"
+        "        parent = get_ipython().kernel.get_parent()\n"
+        "        sys.spotbook_asked_in.append(parent['content'].get('silent'))\n"
+        "        print('pickled')\n        return (Witness, ())\n"
+        "w = Witness()\nprint('cell 0')",
+        "x = 1\nx",
+        "print('cell 2')",
+        "print(sys.spotbook_asked_in)",
+    )
+    env = {"SPOTBOOK_SNAPSHOT_STAGED": "1"}
+    r = cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (attempt,) = json.loads(cli("status", "rd", "--json", cwd=tmp_path).stdout)["attempts"]
+    assert attempt["background_snapshots"] == 3 and "snapshots_sync" not in attempt
+    out = json.loads((tmp_path / "out.ipynb").read_text())
+    texts = [
+        "".join(o["text"])
+        for c in out["cells"]
+        for o in c["outputs"]
+        if o["output_type"] == "stream"
+    ]
+    # three snapshots, each pickled in a request that was not silent: the cell's own
+    assert texts == ["cell 0\n", "cell 2\n", "[False, False, False]\n"]
+    assert out["cells"][1]["outputs"][0]["data"]["text/plain"] == "1"
+    assert [c["execution_count"] for c in out["cells"]] == [1, 2, 3, 4]
+
+
 def _wipe(work: Path, env: dict[str, str]) -> None:
     """A new node: working directory (but the run store), home and temp dirs emptied."""
     node_lost(env["TMPDIR"])

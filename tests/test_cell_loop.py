@@ -211,7 +211,8 @@ def test_state_that_cannot_be_pickled_turns_snapshots_off_and_the_run_goes_on(
 @pytest.mark.parametrize("lasting", [True, False])
 def test_a_kernel_that_will_never_fork_is_asked_once(tmp_path: Path, lasting: bool) -> None:
     # torch loaded is for good: later snapshots are staged without asking for a fork
-    # (one round trip less in each pause); the notebook's threads may end, so a kernel
+    # (one round trip less in each pause), asked for with the cell itself (one more
+    # less); the notebook's threads may end, so a kernel
     # that cannot fork for now is asked at every snapshot
     run = Run(tmp_path, 5)
     run.script.lasting = lasting
@@ -223,6 +224,9 @@ def test_a_kernel_that_will_never_fork_is_asked_once(tmp_path: Path, lasting: bo
     assert run.committed("snapshot") == [0, 1, 2, 3]
     assert run.runner.session is not None
     assert run.runner.session.forks_asked == (1 if lasting else 4)  # type: ignore[attr-defined]
+    # once it is known never to fork, the snapshot after a cell is asked for with the
+    # cell's own request (a round trip less again)
+    assert run.runner.session.staged_with_cell == (3 if lasting else 0)  # type: ignore[attr-defined]
     assert "a fake kernel" in run.runner.journal.attempt_rec["snapshots_staged"]
 
 

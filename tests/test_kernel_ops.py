@@ -127,6 +127,38 @@ def test_a_kernel_error_says_whether_it_was_storage() -> None:
     assert storage_failure(RuntimeError("OSError: disk full"))  # text of a fork's failure
 
 
+def test_a_snapshot_asked_with_a_cell_is_a_user_expression_decoded_or_its_error() -> None:
+    expression = KernelOps.snapshot_after_cell("/b", "/r.json")
+    assert _operation(expression) == ("snapshot_after_cell", ["/b", "/r.json"])
+    assert hasattr(kernel_side, "snapshot_after_cell")
+    # as ipykernel puts a user expression's value, or its error, into the cell's reply
+    ok = {"status": "ok", "data": {"text/plain": repr('{"pid": 12, "pause": 0.01}')}}
+    assert KernelOps.expression_answer(ok) == {"pid": 12, "pause": 0.01}
+    failed = {"status": "error", "ename": "OSError", "evalue": "disk full", "traceback": []}
+    error = KernelOps.expression_answer(failed)
+    assert isinstance(error, KernelError) and storage_failure(error)
+    garbled = KernelOps.expression_answer({"status": "ok", "data": {"text/plain": "'{'"}})
+    assert isinstance(garbled, KernelError)
+    # not evaluated (the cell raised): nothing was taken
+    assert KernelOps.expression_answer(None) is None
+    assert KernelOps.expression_answer({}) is None
+
+
+def test_only_streams_that_tag_each_write_let_a_snapshot_ride_with_its_cell() -> None:
+    import io
+
+    class Tagging(io.StringIO):
+        def set_thread_parent(self, parent: Any) -> Any:
+            return parent
+
+        def reset_thread_parent(self, token: Any) -> None:
+            pass
+
+    assert kernel_side._tags_writes(Tagging())
+    # a plain stream, or ipykernel 6's (tagged at flush): asked for on its own, as before
+    assert not kernel_side._tags_writes(io.StringIO())
+
+
 _FORK_ASKED = """
 import json, sys, threading, types
 from spotbook.kernel import session

@@ -83,11 +83,14 @@ class CellLoop:
                 bar.cell(index, str(cell.source))
             if run.opts.on_output is not None:  # papermill's --log-output separators
                 run.opts.on_output(CELL_START, {"index": index})
+            # in a kernel that will never fork, the snapshot after this cell, when it is
+            # sure to be due, is asked for with the cell itself (taken if it succeeds)
+            with_cell = snaps.ask_with_cell(index, last=index == last)
             t0 = time.time()
             m0 = time.monotonic()
             try:
                 result = await run.race(
-                    run.session.run_cell(cell, index),
+                    run.session.run_cell(cell, index, expressions=with_cell),
                     grace=run.grace,
                     index=index,
                     cell_timeout=limits.execution_timeout,
@@ -119,6 +122,9 @@ class CellLoop:
                 log.info("cell %d stopped on the notice; it continues on resume", index)
                 raise Terminated(notice.signame, run.resume_hint())
             duration = time.monotonic() - m0
+            taken = snaps.taken_with_cell(index, result)
+            if taken is not None:  # the snapshot's part is the pause's, not the cell's
+                duration = max(0.0, duration - taken.pause)
             if run.opts.on_output is not None:
                 run.opts.on_output(CELL_END, {"index": index})
             status = CellStatus.COMPLETED
@@ -146,7 +152,7 @@ class CellLoop:
                     # the one before may have failed in the kernel: snapshots are off
                     snap_due = snaps.enabled
                     try:
-                        background = snap_due and await snaps.start(index)
+                        background = snap_due and await snaps.start(index, taken)
                     except Terminated:
                         order.record(index, record)  # as a synchronous one cut short
                         raise

@@ -339,17 +339,24 @@ class KernelSession:
         return index, [dict(o) for o in cell.get("outputs", [])]
 
     async def run_cell(
-        self, cell: Any, index: int, store_history: bool = True, live: bool = True
+        self,
+        cell: Any,
+        index: int,
+        store_history: bool = True,
+        live: bool = True,
+        expressions: dict[str, str] | None = None,
     ) -> CellResult:
         """Execute one cell. Errors in the cell are results, not exceptions. ``live``: its
-        outputs so far are the notebook's (``live_outputs``); a replay's are not."""
+        outputs so far are the notebook's (``live_outputs``); a replay's are not.
+        ``expressions``: user expressions asked with this cell besides ``cell_expressions``
+        (evaluated after its code if that raised nothing; their values in ``reply``)."""
         client = self._client
         cell.metadata["execution"] = {}
         msg_id = self._kc.execute(
             cell.source,
             store_history=store_history,
             stop_on_error=False,
-            user_expressions=self.cell_expressions,
+            user_expressions={**self.cell_expressions, **(expressions or {})},
         )
         cell.outputs = []
         client.clear_before_next_output = False

@@ -113,6 +113,30 @@ class KernelOps:
         found: dict[str, Any] = await self._json("snapshot_staged", blob_dir, result_path)
         return found
 
+    @staticmethod
+    def snapshot_after_cell(blob_dir: str, result_path: str) -> str:
+        """The expression that asks for a staged snapshot with a cell's own execute request
+        (one of its user expressions: evaluated after the cell's code, if that raised
+        nothing). Its value comes back in the reply: :meth:`expression_answer`."""
+        return _call("snapshot_after_cell", blob_dir, result_path)
+
+    @staticmethod
+    def expression_answer(value: Any) -> Any:
+        """What a user expression asked with a cell answered (the kernel side's JSON), or
+        the :class:`KernelError` it raised (returned, for the caller to raise where it
+        handles the same operation asked for on its own); None when it was not evaluated
+        (the cell failed)."""
+        import ast
+
+        if not isinstance(value, dict) or not value:
+            return None
+        if value.get("status") != "ok":
+            return KernelError(value.get("ename"), value.get("evalue"))
+        try:
+            return json.loads(ast.literal_eval(value["data"]["text/plain"]))
+        except (KeyError, TypeError, ValueError, SyntaxError) as exc:
+            return KernelError(type(exc).__name__, f"an answer that is not JSON ({exc})")
+
     # -- restoring -----------------------------------------------------------------------
     async def restore_env(self, env: dict[str, Any]) -> dict[str, str]:
         """The working directory and environment variables back; what failed, by name."""

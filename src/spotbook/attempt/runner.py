@@ -550,6 +550,8 @@ class Runner:
         except RuntimeError as exc:
             self.snapshots.off(f"the kernel cannot import spotbook ({exc})")
             return
+        # the kernel's streams tell a snapshot's prints from the cell's (ipykernel 7)
+        self.snapshots.can_ask_with_cell = bool(started.get("snapshot_with_cell"))
         if not started.get("reply_metadata"):
             # a kernel whose replies cannot carry the cell's note: ask for it with each cell
             self.session.cell_expressions = {"spotbook": CELL_EFFECTS}

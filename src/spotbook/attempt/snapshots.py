@@ -39,11 +39,12 @@ from .._models import (
 )
 from ..store.runstore import CellKey
 from .commit_order import CommitOrder
-from .kernel_ops import KernelOps, storage_failure
+from .kernel_ops import KernelError, KernelOps, storage_failure
 from .run_files import RunFiles
 
 if TYPE_CHECKING:
     from .context import Attempt
+    from .executor import CellResult
 
 log = logging.getLogger(__name__)
 SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are replayed)
@@ -51,10 +52,27 @@ SNAPSHOT_FORMAT = 2  # manifests of other formats are not loaded (the cells are 
 # machine where a fork's copy-on-write memory is not to be risked, and for the tests
 STAGED_ENV = "SPOTBOOK_SNAPSHOT_STAGED"
 _STAGING_RATE = 1e9  # bytes per second a staged snapshot copies, before one is measured
+WITH_CELL = "spotbook_snapshot"  # the user expression of a snapshot asked with its cell
 
 
 class CannotRebuild(Exception):
     """Internal: the kernel state cannot be rebuilt from the snapshot and replays."""
+
+
+@dataclass
+class WithCell:
+    """A staged snapshot the kernel took in a cell's own execute request: where its writer
+    leaves the manifest, and what the kernel answered (or the error it raised)."""
+
+    path: str
+    answer: dict[str, Any] | KernelError
+
+    @property
+    def pause(self) -> float:
+        """What the kernel took for it, in the cell's request (0 when it failed)."""
+        if isinstance(self.answer, KernelError):
+            return 0.0
+        return max(0.0, float(self.answer.get("pause") or 0.0))
 
 
 @dataclass
@@ -135,6 +153,10 @@ class Snapshots:
         # the run's files, captured with each snapshot (set by the runner once it knows
         # where the kernel works)
         self.files: RunFiles | None = None
+        # whether the kernel can take a snapshot in a cell's own request (it says at start)
+        self.can_ask_with_cell = False
+        # the snapshot asked for with the running cell: (the cell, its manifest's path)
+        self._asked_with_cell: tuple[int, str] | None = None
 
     def seed(self, doc: dict[str, Any]) -> None:
         """Take the restored snapshot's measured cost as the policy's first estimate, so a
@@ -326,17 +348,67 @@ class Snapshots:
         journal.blob_bytes += int(manifest["written"])
 
     # -- in the background ----------------------------------------------------------------
-    async def start(self, index: int) -> bool:
-        """Start the snapshot after cell ``index`` in a fork of the kernel; False when it
-        must be taken synchronously (why goes into the attempt record)."""
+    def _staged_only(self) -> str:
+        """Why every snapshot of this kernel is staged without asking ("" if it may fork)."""
+        return f"{STAGED_ENV}=1" if os.environ.get(STAGED_ENV) == "1" else self._never_forks
+
+    def _result_path(self, index: int) -> str:
+        return os.path.join(self.run.tmp, f"snapshot-{index}-{time.monotonic_ns()}.json")
+
+    def ask_with_cell(self, index: int, *, last: bool) -> dict[str, str] | None:
+        """The user expression that takes the snapshot after cell ``index`` in the cell's
+        own execute request (a round trip less in its pause), or None: asked for after
+        the cell, if due, as before. Only where the snapshot is known before the cell to
+        be due if the cell succeeds, and staged (a kernel that will never fork):
+        ``every-cell``, or a policy due already before the cell's compute is added (a
+        background snapshot's cost known). Not with a cell time limit: the snapshot's
+        pause would count against the cell."""
+        self._asked_with_cell = None
+        run = self.run
+        if (
+            last
+            or not self.can_ask_with_cell
+            or not self.background
+            or not self._staged_only()
+            or run.spec.limits.execution_timeout is not None
+        ):
+            return None
+        policy = run.spec.snapshot
+        if policy.mode is SnapshotMode.AUTO and (
+            self.pending is not None or self.cost is None or not self._background_cost
+        ):
+            return None
+        if not (self.enabled and policy.due(self.compute_since, self.cost)):
+            return None
+        path = self._result_path(index)
+        self._asked_with_cell = (index, path)
+        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path)}
+
+    def taken_with_cell(self, index: int, result: CellResult) -> WithCell | None:
+        """The snapshot the kernel took in cell ``index``'s own request, if it did (not
+        when the cell raised: the expression is then not evaluated)."""
+        asked, self._asked_with_cell = self._asked_with_cell, None
+        if asked is None or asked[0] != index:
+            return None
+        value = (result.reply.get("user_expressions") or {}).get(WITH_CELL)
+        answer = KernelOps.expression_answer(value)
+        return None if answer is None else WithCell(asked[1], answer)
+
+    async def start(self, index: int, taken: WithCell | None = None) -> bool:
+        """Start the snapshot after cell ``index`` in a fork of the kernel (or staged);
+        False when it must be taken synchronously (why goes into the attempt record).
+        ``taken``: the kernel staged it already, in the cell's own request."""
         run = self.run
         assert run.session is not None and self.pending is None
         m0 = time.monotonic()
-        path = os.path.join(run.tmp, f"snapshot-{index}-{time.monotonic_ns()}.json")
-        if os.environ.get(STAGED_ENV) == "1":
-            answer: dict[str, Any] | None = {"unsafe": f"{STAGED_ENV}=1"}
-        elif self._never_forks:  # not asked again: a round trip less in every pause
-            answer = {"unsafe": self._never_forks}
+        path = self._result_path(index)
+        answer: dict[str, Any] | None
+        if taken is not None:  # the kernel's part of the pause was in the cell's request
+            m0 -= taken.pause
+            path = taken.path
+            answer = {"unsafe": self._staged_only(), "taken": taken.answer}
+        elif self._staged_only():  # not asked again: a round trip less in every pause
+            answer = {"unsafe": self._staged_only()}
         else:
             fork = KernelOps(run.session).snapshot_fork(self.blob_dir(), path)
             try:
@@ -349,7 +421,7 @@ class Snapshots:
         assert answer is not None
         staged = "unsafe" in answer
         if staged:
-            answer = await self._staged(index, path, answer["unsafe"])
+            answer = await self._staged(index, path, answer["unsafe"], answer.get("taken"))
             if answer is None:
                 return False
         # the kernel flushed the notebook's open files before it forked, and waits for
@@ -375,15 +447,27 @@ class Snapshots:
         rec["snapshot_pause_max"] = round(max(self.pauses), 6)
         return True
 
-    async def _staged(self, index: int, path: str, unsafe: str) -> dict[str, Any] | None:
+    async def _staged(
+        self,
+        index: int,
+        path: str,
+        unsafe: str,
+        taken: dict[str, Any] | KernelError | None = None,
+    ) -> dict[str, Any] | None:
         """The kernel must not fork (``unsafe``): the snapshot is staged instead (pickled
         and its changed buffers copied now, written by a thread of the kernel); None when
-        that failed too, and it is to be taken synchronously."""
+        that failed too, and it is to be taken synchronously. ``taken``: what the kernel
+        answered when asked with the cell (nothing is asked then)."""
         run = self.run
         assert run.session is not None
-        staged = KernelOps(run.session).snapshot_staged(self.blob_dir(), path)
         try:
-            answer = await run.race(staged, grace=run.grace, index=index)
+            if isinstance(taken, KernelError):
+                raise taken
+            if taken is not None:
+                answer = taken
+            else:
+                staged = KernelOps(run.session).snapshot_staged(self.blob_dir(), path)
+                answer = await run.race(staged, grace=run.grace, index=index)
         except RuntimeError as exc:
             if storage_failure(exc):
                 raise self._unwritable(index, exc) from None

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import process_state
@@ -93,10 +93,11 @@ def init() -> str:
 
     Returns JSON: ``reply_metadata`` says whether each cell's note (:func:`cell_effects`)
     travels in the metadata of the cell's own execute reply (ipykernel), so the runner
-    need not ask for it with every cell."""
+    need not ask for it with every cell; ``snapshot_with_cell``, whether a staged snapshot
+    may be asked for with the cell it follows (:func:`snapshot_after_cell`)."""
     global _IGNORED_PREFIXES, _NOT_RUN_FILES, _reply_hooked
     if _baseline_modules:
-        return json.dumps({"reply_metadata": _reply_hooked})
+        return _started()
     process_state.set_baseline()
     # Python finds its temporary directory by writing and removing a probe file there on
     # first use, which ipykernel makes in the first cell; found now, before cells are
@@ -128,7 +129,12 @@ def init() -> str:
     shell.events.register("post_run_cell", _post_cell)
     sys.addaudithook(_audit)
     _reply_hooked = _note_in_replies(shell)
-    return json.dumps({"reply_metadata": _reply_hooked})
+    return _started()
+
+
+def _started() -> str:
+    with_cell = _tags_writes(sys.stdout) and _tags_writes(sys.stderr)
+    return json.dumps({"reply_metadata": _reply_hooked, "snapshot_with_cell": with_cell})
 
 
 def _note_in_replies(shell: Any) -> bool:
@@ -533,6 +539,46 @@ def snapshot_staged(blob_dir: str, result_path: str) -> str:
             "reused": blobs.reused,
             "fallback": blobs.fallback,
         }
+    )
+
+
+def snapshot_after_cell(blob_dir: str, result_path: str) -> str:
+    """:func:`snapshot_staged`, asked for with a cell's own execute request (a user
+    expression, evaluated once the cell's code has run without error, before the reply):
+    a request's round trip less in the pause. What it prints is not the cell's output
+    (:func:`_outputs_apart`), as a silent request's was not."""
+    with _outputs_apart():
+        return snapshot_staged(blob_dir, result_path)
+
+
+# the request that what a snapshot prints is sent as the output of: none the runner asked
+_NO_REQUEST = {"msg_id": "spotbook-snapshot", "msg_type": "execute_request", "session": ""}
+
+
+@contextlib.contextmanager
+def _outputs_apart() -> Iterator[None]:
+    """Meanwhile, what is written to ``sys.stdout`` and ``sys.stderr`` (a reducer's print,
+    a warning) goes out as the output of no request the runner reads (ipykernel's streams
+    tag each write with its thread's parent request). The streams are not replaced: the
+    state captured and pickled may refer to them (a logging handler's stream), and must
+    find them as they are."""
+    tokens = []
+    streams: tuple[Any, ...] = (sys.stdout, sys.stderr)
+    for stream in streams:
+        if _tags_writes(stream):
+            tokens.append((stream, stream.set_thread_parent(_NO_REQUEST)))
+    try:
+        yield
+    finally:
+        for stream, token in tokens:
+            stream.reset_thread_parent(token)
+
+
+def _tags_writes(stream: Any) -> bool:
+    """Whether ``stream`` tags each write with its thread's parent request (ipykernel 7's
+    streams; older ones send what they hold under the parent of the moment they flush)."""
+    return callable(getattr(stream, "set_thread_parent", None)) and callable(
+        getattr(stream, "reset_thread_parent", None)
     )
 
 
