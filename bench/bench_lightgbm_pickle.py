@@ -9,7 +9,7 @@ to back (the threads still awake), after an idle gap like a cell's, and after th
 with the OpenMP runtime told to put idle threads to sleep at once (``OMP_WAIT_POLICY``,
 the notebook's choice, not spotbook's: each case runs in a process of its own).
 
-    .venv/bin/python bench/bench_lightgbm_pickle.py [--gap 0.3] [--reps 9]
+    .venv/bin/python bench/bench_lightgbm_pickle.py [--gap 0.3] [--reps 15]
 """
 
 from __future__ import annotations
@@ -38,19 +38,20 @@ print(json.dumps(times))
 """
 
 
-def probe(gap: float, reps: int, env: dict[str, str]) -> float:
-    """Median seconds of one ``pickle.dumps(booster)`` after ``gap`` seconds idle."""
+def probe(gap: float, reps: int, env: dict[str, str]) -> list[float]:
+    """Seconds of each ``pickle.dumps(booster)`` after ``gap`` seconds idle."""
     r = subprocess.run(
         [sys.executable, "-c", PROBE, str(gap), str(reps)],
         capture_output=True, text=True, check=True, env={**os.environ, **env},
     )  # fmt: skip
-    return statistics.median(json.loads(r.stdout))
+    times: list[float] = json.loads(r.stdout)
+    return times
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gap", type=float, default=0.3, help="seconds idle before each pickle")
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
     idle = f"after {args.gap:g} s idle"
     cases = [
@@ -58,11 +59,13 @@ def main() -> None:
         (idle, args.gap, {}),
         (f"{idle}, OMP_WAIT_POLICY=passive", args.gap, {"OMP_WAIT_POLICY": "passive"}),
     ]
-    print("pickle.dumps(booster), median ms")
+    print("pickle.dumps(booster), ms: median | each, in order")
     rows = {}
     for name, gap, env in cases:
-        rows[name] = probe(gap, args.reps, env)
-        print(f"  {name:45} {rows[name] * 1e3:7.2f}", flush=True)
+        times = probe(gap, args.reps, env)
+        rows[name] = statistics.median(times)
+        each = " ".join(f"{t * 1e3:.2f}" for t in times)
+        print(f"  {name:45} {rows[name] * 1e3:7.2f} | {each}", flush=True)
     print(f"idle / back to back: {rows[idle] / rows['back to back']:.1f}x")
 
 
