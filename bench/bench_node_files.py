@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import record_pauses, write_notebook
 
-from spotbook.attempt.run_files import copy_blob, restore
+from spotbook.attempt.run_files import fetch_blob, restore
 from spotbook.store.runstore import RunStore
 
 
@@ -93,7 +93,7 @@ def main() -> None:
             work.mkdir()
             subprocess.run(["sync"], check=False)
             t0 = time.monotonic()
-            done = restore(files, copy_blob(blobs))
+            done = restore(files, fetch_blob(store))  # as the runner does
             spot = time.monotonic() - t0
             assert done.files == len(digests) and not done.failed, done
             shutil.rmtree(work)

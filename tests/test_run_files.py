@@ -3,9 +3,11 @@ that decide what a new node gets back; and a snapshot stream whose one segment f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +18,24 @@ from spotbook.attempt.run_files import (
     FilesIntegrityError,
     FilesPolicy,
     RunFiles,
-    copy_blob,
+    check_blob,
+    fetch_blob,
     missing,
     restore,
 )
 from spotbook.kernel.pickling import Blobs, dump_namespace, load_namespace
+from spotbook.store.integrity import copy_checked
+from spotbook.store.runstore import RunStore
+
+
+def copy_blob(blob_dir: Path | str) -> Callable[[str, str], None]:
+    """``fetch`` from blobs in a plain folder, checked as a local store's are."""
+
+    def fetch(digest: str, path: str) -> None:
+        check = functools.partial(check_blob, digest=digest, path=path)
+        copy_checked(os.path.join(blob_dir, digest), path, check)
+
+    return fetch
 
 
 def _files(tmp_path: Path, **policy: object) -> tuple[RunFiles, Path, Path]:
@@ -118,6 +133,51 @@ def test_restore_checks_blobs_and_paths(tmp_path: Path) -> None:
         restore({"entries": {"relative/path": {"kind": "file"}}}, copy_blob(str(blobs)))
     with pytest.raises(FilesIntegrityError):
         restore({"entries": {"/a/../etc/passwd": {"kind": "file"}}}, copy_blob(str(blobs)))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "link"])
+def test_a_local_stores_blob_that_is_not_a_plain_file_is_refused_never_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    store = RunStore(str(tmp_path / "rd"))
+    files, work, _ = _files(tmp_path)
+    blobs = tmp_path / "rd" / "state" / "blobs"
+    (work / "a.txt").write_text("genuine")
+    doc, _ = files.capture(str(blobs))
+    blob = blobs / doc["entries"][str(work / "a.txt")]["sha256"]
+    (tmp_path / "elsewhere").write_bytes(blob.read_bytes())  # the right bytes, behind a link
+    blob.unlink()
+    if kind == "fifo":
+        os.mkfifo(blob)  # no writer: a reader that waited would wait for ever
+    elif kind == "dir":
+        blob.mkdir()
+    else:
+        os.symlink(tmp_path / "elsewhere", blob)
+    (work / "a.txt").unlink()
+    if kind == "link":  # refused by the open itself: that one file is not restored
+        done = restore(doc, fetch_blob(store))
+        assert list(done.failed) == [str(work / "a.txt")] and done.files == 0
+    else:
+        with pytest.raises(FilesIntegrityError, match="is not a plain file"):
+            restore(doc, fetch_blob(store))
+    assert not (work / "a.txt").exists()
+    assert [p.name for p in work.iterdir()] == ["input.csv"]  # no download left behind
+
+
+def test_an_object_stores_blob_is_downloaded_then_checked(tmp_path: Path) -> None:
+    store = RunStore(f"memory://blobs-{tmp_path.name}")
+    files, work, blobs = _files(tmp_path)
+    (work / "a.txt").write_text("genuine")
+    doc, _ = files.capture(str(blobs))
+    digest = doc["entries"][str(work / "a.txt")]["sha256"]
+    (work / "a.txt").unlink()
+    store.write(store.blob_path(digest), b"forged!")
+    with pytest.raises(FilesIntegrityError, match="does not match its hash"):
+        restore(doc, fetch_blob(store))
+    assert [p.name for p in work.iterdir()] == ["input.csv"]  # the download was removed
+    store.write(store.blob_path(digest), (blobs / digest).read_bytes())
+    assert restore(doc, fetch_blob(store)).files == 1
+    assert (work / "a.txt").read_text() == "genuine"
 
 
 def test_restore_never_writes_through_a_link(tmp_path: Path) -> None:

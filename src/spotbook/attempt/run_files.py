@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import logging
 import mmap
 import os
@@ -37,10 +38,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..kernel.pickling import Blobs, IntegrityError, digest_of, open_plain
+from ..kernel.pickling import Blobs, IntegrityError, digest_of
 from ..store.integrity import make_private_dirs
+
+if TYPE_CHECKING:
+    from ..store.runstore import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -367,14 +371,6 @@ def _digest_of_fd(fd: int) -> str:
             view.release()
 
 
-def verify(path: str, digest: str) -> None:
-    """Raise unless the file at ``path`` hashes to ``digest``."""
-    with open_plain(path) as fh:
-        found = _digest_of_fd(fh.fileno())
-    if found != digest:
-        raise FilesIntegrityError(f"the blob of {path} does not match its hash")
-
-
 def _same(path: str, entry: Mapping[str, Any]) -> bool:
     """Whether what is at ``path`` is already what the entry describes."""
     try:
@@ -466,26 +462,21 @@ def _make_dirs(path: str, mode: int) -> None:
             os.chmod(path, mode & 0o7777)
 
 
-def copy_blob(blob_dir: str) -> Callable[[str, str], None]:
-    """``fetch`` for a local store: the blob checked against its name (mapped, hashed in
-    pieces on every core), then copied by the kernel (``sendfile``: no copy through this
-    process)."""
+def check_blob(fd: int, digest: str, path: str) -> None:
+    """Raise :class:`FilesIntegrityError` unless the open file ``fd`` (the blob of
+    ``path``) is a plain file that hashes to ``digest`` (mapped, hashed in pieces on every
+    core)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise FilesIntegrityError(f"the blob of {path} is not a plain file")
+    if _digest_of_fd(fd) != digest:
+        raise FilesIntegrityError(f"the blob of {path} does not match its hash")
+
+
+def fetch_blob(store: RunStore) -> Callable[[str, str], None]:
+    """``fetch`` for :func:`restore`: the blob from ``store``, checked against its name."""
 
     def fetch(digest: str, path: str) -> None:
-        with open_plain(os.path.join(blob_dir, digest)) as src:
-            size = os.fstat(src.fileno()).st_size
-            if _digest_of_fd(src.fileno()) != digest:
-                raise FilesIntegrityError(f"the blob of {path} does not match its hash")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            try:
-                sent = 0
-                while sent < size:
-                    n = os.sendfile(fd, src.fileno(), sent, size - sent)
-                    if n == 0:
-                        raise OSError(0, f"the blob of {path} ended early")
-                    sent += n
-            finally:
-                os.close(fd)
+        store.get_blob(digest, path, functools.partial(check_blob, digest=digest, path=path))
 
     return fetch
 

@@ -65,7 +65,7 @@ from .kernel_ops import CELL_EFFECTS, KernelOps
 from .notice import Notice
 from .replay import ResumePlan
 from .restore import Restorer, undo_files
-from .run_files import FilesIntegrityError, FilesPolicy, RunFiles, copy_blob, verify
+from .run_files import FilesIntegrityError, FilesPolicy, RunFiles, fetch_blob
 from .run_files import restore as restore_files
 from .snapshots import Snapshots
 
@@ -280,14 +280,8 @@ class Runner:
         )
         doc = (self.snapshots.usable or {}).get("files")
         if doc:
-            # a local store's blob is hashed and copied in one pass (run_files), else
-            # fetched, then hashed
-            if self.store.local:
-                fetch = copy_blob(self.store.path("state/blobs"))
-            else:
-                fetch = self._fetch_blob
             try:
-                done = restore_files(doc, fetch)
+                done = restore_files(doc, fetch_blob(self.store))
             except FilesIntegrityError as exc:
                 assert self.store.seal is not None and self.snapshots.usable is not None
                 where = f"state/snap/{self.snapshots.usable['name']}"
@@ -307,10 +301,6 @@ class Runner:
                 )
         files.begin(doc)
         self.snapshots.files = files
-
-    def _fetch_blob(self, digest: str, path: str) -> None:
-        self.store.get_file(self.store.blob_path(digest), path)
-        verify(path, digest)
 
     # -- the attempt ----------------------------------------------------------------
     async def _attempt(self, start: int) -> RunResult:

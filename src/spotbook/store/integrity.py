@@ -38,6 +38,7 @@ import posixpath
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,6 +257,30 @@ def untrust(url: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def copy_checked(src: str, dst: str, check: Callable[[int], None]) -> None:
+    """Copy ``src`` to the new file ``dst`` once ``check`` (given ``src`` open, never
+    waited on: a FIFO there opens at once) has not raised; the kernel copies the bytes
+    (``sendfile``: none through this process). A link at ``src`` is refused (OSError)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(src, flags)
+    try:
+        check(fd)  # a FIFO, device or directory is the check's to refuse
+        os.set_blocking(fd, True)
+        size = os.fstat(fd).st_size
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            sent = 0
+            while sent < size:
+                n = os.sendfile(out, fd, sent, size - sent)
+                if n == 0:
+                    raise OSError(0, f"{src} ended early")
+                sent += n
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
 
 
 def make_private_dirs(path: str) -> None:

@@ -42,7 +42,7 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -65,6 +65,7 @@ from .integrity import (
     Key,
     LegacySeal,
     Seal,
+    copy_checked,
     is_trusted,
     load_key,
     safe_relpath,
@@ -387,6 +388,21 @@ class RunStore:
     def get_file(self, rel: str, local: str) -> None:
         """Download ``rel`` to a local file (streamed)."""
         self.backend.get_file(self.path(rel), local, f"download {rel}")
+
+    def get_blob(self, digest: str, local: str, check: Callable[[int], None]) -> None:
+        """Bring blob ``digest`` to the new file ``local``, ``check`` (given the blob open;
+        it raises unless that holds ``digest``) passed first: a local store's blob is
+        checked where it is and copied by the kernel in one pass, an object store's is
+        downloaded, then checked."""
+        if self.local:
+            copy_checked(self.path(self.blob_path(digest)), local, check)
+            return
+        self.get_file(self.blob_path(digest), local)
+        fd = os.open(local, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            check(fd)
+        finally:
+            os.close(fd)
 
     # -- blobs the kernel reads and writes ----------------------------------------------
     def blob_dir(self, staging: str) -> str:
