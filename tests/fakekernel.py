@@ -194,8 +194,10 @@ class FakeKernel:
             raise KernelError(ename, evalue)
         return json.dumps(manifest)
 
-    def op_snapshot_after_cell(self, blob_dir: str, result_path: str) -> str:
+    def op_snapshot_after_cell(self, blob_dir: str, result_path: str, begun: str) -> str:
         self.staged_with_cell += 1
+        with open(begun, "x"):
+            pass
         return self.op_snapshot_staged(blob_dir, result_path)
 
     def op_snapshot_staged(self, blob_dir: str, result_path: str) -> str:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from spotbook.attempt.snapshots import STAGED_ENV
 from spotbook.store.backends import RETRY_TRIES
+from spotbook.store.runstore import RunStore
 
 from .conftest import Place, cli, kill, on, start_cli, wait_for, write_notebook
 from .servers import Storage
@@ -29,11 +31,13 @@ KILLED_AFTER_NOTICE = (
 )
 
 
-def _run_every_cell(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run_every_cell(
+    tmp: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`spotbook run nb.ipynb out.ipynb --run-dir rd --snapshot every-cell` in ``tmp``."""
     r: subprocess.CompletedProcess[str] = cli(
         "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell", *extra,
-        cwd=tmp,
+        cwd=tmp, env=env,
     )  # fmt: skip
     return r
 
@@ -93,6 +97,15 @@ def test_kernel_dying_in_a_snapshot_says_so(tmp_path: Path) -> None:
     assert "the kernel died while taking the snapshot after cell 0" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
     assert _status(tmp_path)["status"] == "failed"
+    # staged, it is taken in the kernel, asked with cell 0's own request: the cell had
+    # ended, so it is the snapshot that is named, and the cell is not recorded as failed
+    shutil.rmtree(tmp_path / "rd")
+    r = _run_every_cell(tmp_path, env={STAGED_ENV: "1"})
+    assert r.returncode == 138, r.stderr
+    assert "the kernel died while taking the snapshot after cell 0" in r.stderr
+    assert "while running cell" not in r.stderr and "Traceback" not in r.stderr
+    assert _status(tmp_path)["status"] == "failed"
+    assert RunStore(str(tmp_path / "rd")).cell_records() == {}  # no record of cell 0
 
 
 _BOMB = (

@@ -128,8 +128,8 @@ def test_a_kernel_error_says_whether_it_was_storage() -> None:
 
 
 def test_a_snapshot_asked_with_a_cell_is_a_user_expression_decoded_or_its_error() -> None:
-    expression = KernelOps.snapshot_after_cell("/b", "/r.json")
-    assert _operation(expression) == ("snapshot_after_cell", ["/b", "/r.json"])
+    expression = KernelOps.snapshot_after_cell("/b", "/r.json", "/r.json.begun")
+    assert _operation(expression) == ("snapshot_after_cell", ["/b", "/r.json", "/r.json.begun"])
     assert hasattr(kernel_side, "snapshot_after_cell")
     # as ipykernel puts a user expression's value, or its error, into the cell's reply
     ok = {"status": "ok", "data": {"text/plain": repr('{"pid": 12, "pause": 0.01}')}}

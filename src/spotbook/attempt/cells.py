@@ -104,6 +104,11 @@ class CellLoop:
                     log.info("the kernel died after the notice, during cell %d", index)
                     notice.cell = NoticeCell.INTERRUPTED
                     raise Terminated(notice.signame, run.resume_hint()) from None
+                if snaps.died_in_snapshot(index):  # the cell's code had ended: not its fault
+                    during = f"while taking the snapshot after cell {index}"
+                    raise KernelDiedError(
+                        cell_index=index, execution_count=None, during=during
+                    ) from None
                 journal.commit_failure(index, t0, "KernelDied", "the kernel process died")
                 raise KernelDiedError(cell_index=index, execution_count=None) from None
             except CellTimeoutError:

@@ -114,11 +114,12 @@ class KernelOps:
         return found
 
     @staticmethod
-    def snapshot_after_cell(blob_dir: str, result_path: str) -> str:
+    def snapshot_after_cell(blob_dir: str, result_path: str, begun: str) -> str:
         """The expression that asks for a staged snapshot with a cell's own execute request
         (one of its user expressions: evaluated after the cell's code, if that raised
-        nothing). Its value comes back in the reply: :meth:`expression_answer`."""
-        return _call("snapshot_after_cell", blob_dir, result_path)
+        nothing). Its value comes back in the reply: :meth:`expression_answer`. The kernel
+        makes the file ``begun`` as it starts: the cell's code had ended."""
+        return _call("snapshot_after_cell", blob_dir, result_path, begun)
 
     @staticmethod
     def expression_answer(value: Any) -> Any:

@@ -382,7 +382,13 @@ class Snapshots:
             return None
         path = self._result_path(index)
         self._asked_with_cell = (index, path)
-        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path)}
+        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path, f"{path}.begun")}
+
+    def died_in_snapshot(self, index: int) -> bool:
+        """Whether the kernel, dead during cell ``index``, died in the snapshot asked with
+        it (the cell's code had ended), not in the cell."""
+        asked = self._asked_with_cell
+        return asked is not None and asked[0] == index and os.path.exists(f"{asked[1]}.begun")
 
     def taken_with_cell(self, index: int, result: CellResult) -> WithCell | None:
         """The snapshot the kernel took in cell ``index``'s own request, if it did (not

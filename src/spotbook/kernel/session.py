@@ -542,11 +542,15 @@ def snapshot_staged(blob_dir: str, result_path: str) -> str:
     )
 
 
-def snapshot_after_cell(blob_dir: str, result_path: str) -> str:
+def snapshot_after_cell(blob_dir: str, result_path: str, begun: str) -> str:
     """:func:`snapshot_staged`, asked for with a cell's own execute request (a user
     expression, evaluated once the cell's code has run without error, before the reply):
     a request's round trip less in the pause. What it prints is not the cell's output
-    (:func:`_outputs_apart`), as a silent request's was not."""
+    (:func:`_outputs_apart`), as a silent request's was not. It makes the file ``begun``
+    first: should the kernel die in it, the runner knows that the cell's code had ended
+    and the snapshot killed it, not the cell."""
+    with open(begun, "x"):
+        pass
     with _outputs_apart():
         return snapshot_staged(blob_dir, result_path)
 
