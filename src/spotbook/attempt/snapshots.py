@@ -55,6 +55,11 @@ _STAGING_RATE = 1e9  # bytes per second a staged snapshot copies, before one is 
 WITH_CELL = "spotbook_snapshot"  # the user expression of a snapshot asked with its cell
 
 
+def _begun(result_path: str) -> str:
+    """The file the kernel makes as it starts a snapshot asked with a cell."""
+    return f"{result_path}.begun"
+
+
 class CannotRebuild(Exception):
     """Internal: the kernel state cannot be rebuilt from the snapshot and replays."""
 
@@ -382,13 +387,14 @@ class Snapshots:
             return None
         path = self._result_path(index)
         self._asked_with_cell = (index, path)
-        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path, f"{path}.begun")}
+        begun = _begun(path)
+        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path, begun)}
 
     def died_in_snapshot(self, index: int) -> bool:
         """Whether the kernel, dead during cell ``index``, died in the snapshot asked with
         it (the cell's code had ended), not in the cell."""
         asked = self._asked_with_cell
-        return asked is not None and asked[0] == index and os.path.exists(f"{asked[1]}.begun")
+        return asked is not None and asked[0] == index and os.path.exists(_begun(asked[1]))
 
     def taken_with_cell(self, index: int, result: CellResult) -> WithCell | None:
         """The snapshot the kernel took in cell ``index``'s own request, if it did (not
