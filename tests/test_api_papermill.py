@@ -372,6 +372,31 @@ def test_resume_run_api(tmp_path: Path) -> None:
     assert result.status is spotbook.RunStatus.SUCCEEDED and result.cells_done == 4
 
 
+def test_spotbook_run_is_one_call_of_a_request(tmp_path: Path) -> None:
+    # what `spotbook run` does, as the library call it makes: a typed request in, the
+    # run's start told once before its kernel starts, a typed result out
+    started: list[spotbook.RunStarted] = []
+    nb = str(NOTEBOOKS / "params.ipynb")
+    request = spotbook.RunRequest(
+        nb, str(tmp_path / "out.ipynb"), parameters={"alpha": 0.5}, run_dir=str(tmp_path / "a")
+    )
+    result = spotbook.run_here(request, on_start=started.append)
+    assert result.status is spotbook.RunStatus.SUCCEEDED
+    assert (result.cells_done, result.cells_total, result.attempt) == (5, 5, 1)  # one injected
+    (start,) = started
+    assert (start.run_id, start.url, start.interrupted_at) == (result.run_id, result.url, None)
+    assert start.notebook("output") == (tmp_path / "out.ipynb").read_bytes()
+    # --prepare-only: frozen with its parameters and written to OUTPUT, nothing run
+    frozen = spotbook.RunRequest(
+        nb, str(tmp_path / "p.ipynb"), run_dir=str(tmp_path / "b"), prepare_only=True
+    )
+    result = spotbook.run_here(frozen, on_start=started.append)
+    assert result.status is spotbook.RunStatus.PENDING
+    assert (result.cells_done, result.cells_total, result.attempt) == (0, 4, 0)
+    assert started[1].notebook("output") is None
+    assert started[1].notebook("input") == (tmp_path / "p.ipynb").read_bytes()
+
+
 def test_a_run_request_is_checked_when_made_and_prepared_whole(tmp_path: Path) -> None:
     # one typed request from the caller down to the store: what the command line and
     # prepare_run's keywords build, and what submit and a sweep's points pass on

@@ -49,7 +49,15 @@ from ._models import __version__ as __version__
 from .kernel.helpers import checkpoint_dir, preempted, record
 
 if TYPE_CHECKING:
-    from ._api import execute_notebook, inspect_notebook, prepare, prepare_run, resume_run
+    from ._api import (
+        RunStarted,
+        execute_notebook,
+        inspect_notebook,
+        prepare,
+        prepare_run,
+        resume_run,
+        run_here,
+    )
     from ._status import RunReport
     from .ops.drill import DrillReport, drill
     from .ops.plans import PlanRun, run_plan
@@ -95,6 +103,8 @@ _LAZY = {
     "prepare": "._api",
     "prepare_run": "._api",
     "resume_run": "._api",
+    "run_here": "._api",
+    "RunStarted": "._api",
     # what the commands do, as calls that return typed results (the CLI renders them)
     "RunReport": "._status",
     "run_status": ".ops.runs",
@@ -177,6 +187,7 @@ __all__ = [
     "RunNotFoundError",
     "RunReport",
     "RunRequest",
+    "RunStarted",
     "RunStatus",
     "RunTimeoutError",
     "SnapshotIntegrityError",
@@ -210,6 +221,7 @@ __all__ = [
     "render_report",
     "resume_run",
     "resume_sweep",
+    "run_here",
     "run_logs",
     "run_notebook",
     "run_outputs",

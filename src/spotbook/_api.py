@@ -425,7 +425,13 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
     return store
 
 
-def _run_sync(runner: Runner) -> RunResult:
+def run_attempt(
+    store: RunStore, options: RunnerOptions | None = None, run: dict[str, Any] | None = None
+) -> RunResult:
+    """One attempt at the run in ``store`` (``run``: its run.json as just read, see
+    ``Runner``), in a thread of its own when called from a running event loop (inside
+    Jupyter); a failed cell raises a papermill-compatible ``CellExecutionError``."""
+    runner = Runner(store, options, run=run)
     try:
         try:
             asyncio.get_running_loop()
@@ -524,7 +530,7 @@ def execute_notebook(
         assert data is not None
         return nbs.parse(data, "input.ipynb")
     on_output = outputs_to(_log_output if log_output else None, stdout_file, stderr_file)
-    _run_sync(Runner(store, RunnerOptions(on_output=on_output, progress=bar, handle_signals=False)))
+    run_attempt(store, RunnerOptions(on_output=on_output, progress=bar, handle_signals=False))
     data = store.read("output.ipynb")
     assert data is not None
     return nbs.parse(data, "output.ipynb")
@@ -573,8 +579,78 @@ def _log_output(kind: str, content: dict[str, Any]) -> None:
         logging.getLogger("spotbook.output").info(str(text).rstrip("\n"))
 
 
-def resume_run(run: str, *, options: RunnerOptions | None = None) -> RunResult:
-    """Continue a run after its last committed cell, restoring kernel state."""
+@dataclasses.dataclass(frozen=True)
+class RunStarted:
+    """A run about to begin an attempt: which run, where its store is, and, for a run
+    that was interrupted, how far it had got (what a command's first line says)."""
+
+    run_id: str
+    url: str
+    store: RunStore = dataclasses.field(repr=False, compare=False)
+    # (cells done, cells in all) of the interrupted run this attempt continues
+    interrupted_at: tuple[int, int] | None = None
+
+    def notebook(self, which: str) -> bytes | None:
+        """The run's ``input`` (frozen) or ``output`` notebook as its store holds it now."""
+        return self.store.read(f"{which}.ipynb")
+
+
+OnStart = Callable[[RunStarted], None]
+
+
+def _started(store: RunStore, run: Mapping[str, Any], *, continues: bool) -> RunStarted:
+    """The run in ``store`` as it starts; ``continues``: say whether it continues an
+    interrupted run (one frozen by --prepare-only runs nothing, so continues nothing)."""
+    from ._status import describe
+
+    doc = describe(store) if continues and store.attempts() else None
+    at = None
+    if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
+        at = (doc["cells_done"], doc["cells_total"])
+    return RunStarted(run["spec"]["run_id"], store.url, store, at)
+
+
+def run_here(
+    request: RunRequest,
+    options: RunnerOptions | None = None,
+    *,
+    on_start: OnStart | None = None,
+    key: Key | None = None,
+    runs_dir: str | None = None,
+) -> RunResult:
+    """``spotbook run``: freeze the run ``request`` asks for (or reopen the matching one,
+    see ``prepare``) and run it here as one attempt, from the cell after the last
+    committed one. ``on_start`` is told which run starts, and from where, before its
+    kernel starts. A ``prepare_only`` request runs nothing: its result is the run, pending.
+    Raises :class:`CellExecutionError` when a cell fails (its ``run_dir`` says where the
+    run and its output are)."""
+    store = prepare(request, key=key, runs_dir=runs_dir)
+    run = store.checked_run or store.require_run()
+    if on_start is not None:
+        on_start(_started(store, run, continues=not request.prepare_only))
+    if request.prepare_only:
+        raw = store.read("input.ipynb")
+        assert raw is not None  # prepare wrote it
+        nb = nbs.load_frozen(raw)
+        return RunResult(
+            run_id=run["spec"]["run_id"],
+            url=store.url,
+            status=RunStatus.PENDING,
+            cells_done=0,
+            cells_total=sum(1 for c in nb.cells if nbs.executable(c)),
+            attempt=0,
+            output=run["spec"].get("output"),
+        )
+    return run_attempt(store, options, run)
+
+
+def resume_run(
+    run: str, *, options: RunnerOptions | None = None, on_start: OnStart | None = None
+) -> RunResult:
+    """Continue a run after its last committed cell, restoring kernel state (``spotbook
+    resume``); ``on_start`` is told which run it is before its kernel starts."""
     store = RunStore(resolve_run(run))
     checked = store.require_run_of(named_id(run))
-    return _run_sync(Runner(store, options, run=checked))
+    if on_start is not None:
+        on_start(RunStarted(checked["spec"]["run_id"], store.url, store))
+    return run_attempt(store, options, checked)

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._api import prepare_run
+from ._api import OnStart, RunStarted, prepare_run, run_attempt
 from ._errors import InputChangedError, UsageError
-from .store.runstore import RunStore
+from .attempt.context import RunnerOptions
+from .attempt.runner import RunResult
+from .store.runstore import CANCELLED, LEGACY_ENV, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +100,40 @@ def open_target(target: WorkerTarget) -> tuple[RunStore, dict[str, Any] | None]:
             target.input_url, target.output_url, run_dir=target.run_dir, restart=True
         )
         return store, None
+
+
+def run_worker(
+    run_dir: str | None,
+    env: MutableMapping[str, str],
+    options: RunnerOptions | None = None,
+    *,
+    on_start: OnStart | None = None,
+) -> RunResult:
+    """``spotbook worker``: one attempt at the run its arguments and environment name
+    (see the module's docstring), in the process's environment ``env`` (a pod's)."""
+    if env.get("KUBERNETES_SERVICE_HOST") and not (
+        env.get("SPOTBOOK_SNAPSHOT_KEY") or env.get("SPOTBOOK_SNAPSHOT_KEY_FILE")
+    ):
+        # a key made in this pod's home would die with the pod: the next pod could not
+        # check the store, and every preemption would end the run
+        raise UsageError(
+            "spotbook worker in a pod needs the run key from a Kubernetes Secret: create "
+            "one (`kubectl create secret generic spotbook-run-key --from-literal=key=$(openssl "
+            "rand -hex 32)`), mount it and set SPOTBOOK_SNAPSHOT_KEY_FILE to the file "
+            "(`spotbook submit` does this itself; see docs/kubernetes.md)"
+        )
+    if env.pop(LEGACY_ENV, None) is not None:
+        # it may reach a pod through envFrom: a worker resumes only what is sealed
+        log.warning("%s is ignored by spotbook worker: it resumes sealed stores only", LEGACY_ENV)
+    for var in ("HOME", "TMPDIR"):
+        # in the pod these lie in the working directory's emptyDir, new on every node
+        where = env.get(var)
+        if where and not os.path.isdir(where):
+            os.makedirs(where, mode=0o700, exist_ok=True)
+    store, run = open_target(resolve_target(run_dir, env))
+    if store.exists(CANCELLED):
+        raise UsageError(f"run in {store.url} was cancelled (`spotbook cancel`); not starting it")
+    if on_start is not None:
+        run_id = (run or store.checked_run or store.require_run())["spec"]["run_id"]
+        on_start(RunStarted(run_id, store.url, store))
+    return run_attempt(store, options, run)

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from .._api import (
+    OutputHandler,
+    RunStarted,
     cell_separator,
     inspect_notebook,
     notebook_parameters,
     outputs_to,
-    prepare,
+    resume_run,
+    run_here,
 )
 from .._errors import (
     UsageError,
@@ -24,19 +29,14 @@ from .._models import (
     EXIT_STOPPED,
     Limits,
     RunRequest,
-    RunStatus,
 )
-from .._status import describe
 from ..attempt.context import RunnerOptions
 from ..attempt.progress import ProgressBar
-from ..attempt.runner import Runner, RunResult
+from ..attempt.runner import RunResult
 from ..notebook.parameters import Parameter, collect_parameters
 from ..store.runstore import (
-    CANCELLED,
-    LEGACY_ENV,
     LOCAL_RUNS,
     RunStore,
-    named_id,
     resolve_run,
 )
 from .parser import snapshot_policy
@@ -83,18 +83,22 @@ def _check_stream_files(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} {path}: this user cannot write in {folder}")
 
 
-def _stream_files(args: argparse.Namespace) -> Any:
-    """(on_output, files to close): --log-output to stderr, --stdout-file/--stderr-file."""
-    files = {
-        name: open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the caller
-        for name, path in (
-            ("stdout", getattr(args, "stdout_file", None)),
-            ("stderr", getattr(args, "stderr_file", None)),
+@contextlib.contextmanager
+def _stream_files(args: argparse.Namespace) -> Iterator[OutputHandler | None]:
+    """The run's output handler, while it runs: --log-output to stderr, --stdout-file and
+    --stderr-file appended to (--prepare-only runs nothing: they are not opened)."""
+    with contextlib.ExitStack() as files:
+        to = {
+            name: files.enter_context(open(path, "a", encoding="utf-8"))
+            for name, path in (
+                ("stdout", getattr(args, "stdout_file", None)),
+                ("stderr", getattr(args, "stderr_file", None)),
+            )
+            if path and not getattr(args, "prepare_only", False)
+        }
+        yield outputs_to(
+            _echo_output if args.log_output else None, to.get("stdout"), to.get("stderr")
         )
-        if path
-    }
-    echo = _echo_output if args.log_output else None
-    return outputs_to(echo, files.get("stdout"), files.get("stderr")), list(files.values())
 
 
 def runner_options(args: argparse.Namespace, on_output: Any = None) -> RunnerOptions:
@@ -118,19 +122,6 @@ def say_result(result: RunResult) -> None:
         f"{result.cells_done}/{result.cells_total} cells; output in {result.notebook}",
         file=sys.stderr,
     )
-
-
-def _run_runner(
-    store: RunStore, args: argparse.Namespace, run: dict[str, Any] | None = None
-) -> int:
-    on_output, files = _stream_files(args)
-    try:
-        result = Runner(store, runner_options(args, on_output), run=run).run()
-    finally:
-        for fh in files:
-            fh.close()
-    say_result(result)
-    return 0
 
 
 def _limits(args: argparse.Namespace) -> Limits:
@@ -242,13 +233,6 @@ def run_request(
     )
 
 
-def _prepare(args: argparse.Namespace) -> RunStore:
-    """Freeze the parameterised notebook into its run store (``spotbook run``)."""
-    _check_engine(args)
-    _named(args)
-    return prepare(run_request(args))
-
-
 def _show_parameters(where: str, found: list[Parameter] | None) -> None:
     """papermill's --help-notebook listing: name, type, default, and the help comment
     in a column of its own."""
@@ -303,52 +287,72 @@ def _papermill_pipes(args: argparse.Namespace) -> None:
         args.output = "-"
 
 
-def _say_start(store: RunStore, runs: bool) -> None:
-    """The line that starts a run: its id and store, and whether it continues one (only
-    a run that ``runs``, not one frozen by --prepare-only)."""
-    run_id = (store.checked_run or store.require_run())["spec"]["run_id"]
-    doc = describe(store) if runs and store.attempts() else None
-    if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
-        print(
-            f"spotbook: continuing run {run_id}, interrupted with {doc['cells_done']} of "
-            f"{doc['cells_total']} cells done (--restart starts over), store {store.url}",
-            file=sys.stderr,
-        )
-    else:
-        print(f"spotbook: run {run_id}, store {store.url}", file=sys.stderr)
+class _Started:
+    """The line that starts a run (its id and store, and whether it continues one), and,
+    for OUTPUT -, the notebook written to stdout when the command ends, also when a cell
+    failed."""
 
+    def __init__(self, command: str, to_stdout: str | None = None) -> None:
+        self.command = command
+        self.to_stdout = to_stdout  # which notebook goes to stdout: input, output or none
+        self.run: RunStarted | None = None
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    _papermill_pipes(args)
-    _check_stream_files(args)
-    if args.help_notebook:
-        _check_engine(args)
-        _show_parameters(args.input, notebook_parameters(_stdin_notebook(args), _parameters(args)))
-        return 0
-    store = _prepare(args)
-    _say_start(store, runs=not args.prepare_only)
-    if args.prepare_only:  # prepare wrote OUTPUT; OUTPUT - is this command's stdout
-        data = store.read("input.ipynb") if args.output == "-" else None
-        if data is not None:
-            sys.stdout.write(data.decode())
-        return 0
-    if args.output != "-":
-        return _run_runner(store, args)
-    try:  # OUTPUT -: the notebook goes to stdout, also when a cell failed
-        return _run_runner(store, args)
-    finally:
-        data = store.read("output.ipynb")
+    def __call__(self, run: RunStarted) -> None:
+        self.run = run
+        if self.command == "resume":
+            line = f"resuming {run.url}"
+        elif self.command == "worker":
+            line = f"worker for {run.url}"
+        elif run.interrupted_at is not None:
+            done, total = run.interrupted_at
+            line = (
+                f"continuing run {run.run_id}, interrupted with {done} of {total} cells done "
+                f"(--restart starts over), store {run.url}"
+            )
+        else:
+            line = f"run {run.run_id}, store {run.url}"
+        print(f"spotbook: {line}", file=sys.stderr)
+
+    def __enter__(self) -> _Started:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.to_stdout is None or self.run is None:
+            return
+        data = self.run.notebook(self.to_stdout)
         if data is not None:
             sys.stdout.write(data.decode())
             sys.stdout.flush()
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    _papermill_pipes(args)
+    _check_stream_files(args)
+    _check_engine(args)
+    if args.help_notebook:
+        notebook, parameters = _stdin_notebook(args), _parameters(args)
+        _show_parameters(args.input, notebook_parameters(notebook, parameters))
+        return 0
+    _named(args)
+    request = run_request(args)
+    # OUTPUT - is this command's stdout: the notebook goes there when the command ends,
+    # also when a cell failed (--prepare-only: the notebook it froze)
+    to_stdout = ("input" if request.prepare_only else "output") if args.output == "-" else None
+    with _stream_files(args) as on_output, _Started("run", to_stdout) as started:
+        result = run_here(request, runner_options(args, on_output), on_start=started)
+    if not request.prepare_only:
+        say_result(result)
+    return 0
+
+
 def _cmd_resume(args: argparse.Namespace) -> int:
     _check_stream_files(args)
-    store = RunStore(resolve_run(args.run))
-    run = store.require_run_of(named_id(args.run))
-    print(f"spotbook: resuming {store.url}", file=sys.stderr)
-    return _run_runner(store, args, run)
+    with _stream_files(args) as on_output:
+        result = resume_run(
+            args.run, options=runner_options(args, on_output), on_start=_Started("resume")
+        )
+    say_result(result)
+    return 0
 
 
 def _cmd_trust(args: argparse.Namespace) -> int:
@@ -376,30 +380,11 @@ def _cmd_trust(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from .._worker import open_target, resolve_target
+    from .._worker import run_worker
 
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not (
-        os.environ.get("SPOTBOOK_SNAPSHOT_KEY") or os.environ.get("SPOTBOOK_SNAPSHOT_KEY_FILE")
-    ):
-        # a key made in this pod's home would die with the pod: the next pod could not
-        # check the store, and every preemption would end the run
-        raise UsageError(
-            "spotbook worker in a pod needs the run key from a Kubernetes Secret: create "
-            "one (`kubectl create secret generic spotbook-run-key --from-literal=key=$(openssl "
-            "rand -hex 32)`), mount it and set SPOTBOOK_SNAPSHOT_KEY_FILE to the file "
-            "(`spotbook submit` does this itself; see docs/kubernetes.md)"
+    with _stream_files(args) as on_output:
+        result = run_worker(
+            args.run_dir, os.environ, runner_options(args, on_output), on_start=_Started("worker")
         )
-    if os.environ.pop(LEGACY_ENV, None) is not None:
-        # it may reach a pod through envFrom: a worker resumes only what is sealed
-        log.warning("%s is ignored by spotbook worker: it resumes sealed stores only", LEGACY_ENV)
-    for var in ("HOME", "TMPDIR"):
-        # in the pod these lie in the working directory's emptyDir, new on every node
-        where = os.environ.get(var)
-        if where and not os.path.isdir(where):
-            os.makedirs(where, mode=0o700, exist_ok=True)
-    target = resolve_target(args.run_dir, os.environ)
-    store, run = open_target(target)
-    if store.exists(CANCELLED):
-        raise UsageError(f"run in {store.url} was cancelled (`spotbook cancel`); not starting it")
-    print(f"spotbook: worker for {store.url}", file=sys.stderr)
-    return _run_runner(store, args, run)
+    say_result(result)
+    return 0
