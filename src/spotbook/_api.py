@@ -426,12 +426,21 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
 
 
 def run_attempt(
-    store: RunStore, options: RunnerOptions | None = None, run: dict[str, Any] | None = None
+    store: RunStore,
+    options: RunnerOptions | None = None,
+    run: dict[str, Any] | None = None,
+    *,
+    on_start: OnStart | None = None,
+    continues: bool = False,
 ) -> RunResult:
     """One attempt at the run in ``store`` (``run``: its run.json as just read, see
     ``Runner``), in a thread of its own when called from a running event loop (inside
-    Jupyter); a failed cell raises a papermill-compatible ``CellExecutionError``."""
+    Jupyter); a failed cell raises a papermill-compatible ``CellExecutionError``.
+    ``on_start`` is told which run starts once its seal is checked (nothing unchecked
+    reaches it), before its kernel starts; ``continues``: say from where it continues."""
     runner = Runner(store, options, run=run)
+    if on_start is not None:
+        on_start(_started(store, runner.spec.run_id, continues=continues))
     try:
         try:
             asyncio.get_running_loop()
@@ -598,7 +607,7 @@ class RunStarted:
 OnStart = Callable[[RunStarted], None]
 
 
-def _started(store: RunStore, run: Mapping[str, Any], *, continues: bool) -> RunStarted:
+def _started(store: RunStore, run_id: str, *, continues: bool) -> RunStarted:
     """The run in ``store`` as it starts; ``continues``: say whether it continues an
     interrupted run (one frozen by --prepare-only runs nothing, so continues nothing)."""
     from ._status import describe
@@ -607,7 +616,7 @@ def _started(store: RunStore, run: Mapping[str, Any], *, continues: bool) -> Run
     at = None
     if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
         at = (doc["cells_done"], doc["cells_total"])
-    return RunStarted(run["spec"]["run_id"], store.url, store, at)
+    return RunStarted(run_id, store.url, store, at)
 
 
 def run_here(
@@ -625,23 +634,23 @@ def run_here(
     Raises :class:`CellExecutionError` when a cell fails (its ``run_dir`` says where the
     run and its output are)."""
     store = prepare(request, key=key, runs_dir=runs_dir)
+    if not request.prepare_only:
+        return run_attempt(store, options, store.checked_run, on_start=on_start, continues=True)
     run = store.checked_run or store.require_run()
     if on_start is not None:
-        on_start(_started(store, run, continues=not request.prepare_only))
-    if request.prepare_only:
-        raw = store.read("input.ipynb")
-        assert raw is not None  # prepare wrote it
-        nb = nbs.load_frozen(raw)
-        return RunResult(
-            run_id=run["spec"]["run_id"],
-            url=store.url,
-            status=RunStatus.PENDING,
-            cells_done=0,
-            cells_total=sum(1 for c in nb.cells if nbs.executable(c)),
-            attempt=0,
-            output=run["spec"].get("output"),
-        )
-    return run_attempt(store, options, run)
+        on_start(_started(store, run["spec"]["run_id"], continues=False))
+    raw = store.read("input.ipynb")
+    assert raw is not None  # prepare wrote it
+    nb = nbs.load_frozen(raw)
+    return RunResult(
+        run_id=run["spec"]["run_id"],
+        url=store.url,
+        status=RunStatus.PENDING,
+        cells_done=0,
+        cells_total=sum(1 for c in nb.cells if nbs.executable(c)),
+        attempt=0,
+        output=run["spec"].get("output"),
+    )
 
 
 def resume_run(
@@ -651,6 +660,4 @@ def resume_run(
     resume``); ``on_start`` is told which run it is before its kernel starts."""
     store = RunStore(resolve_run(run))
     checked = store.require_run_of(named_id(run))
-    if on_start is not None:
-        on_start(RunStarted(checked["spec"]["run_id"], store.url, store))
-    return run_attempt(store, options, checked)
+    return run_attempt(store, options, checked, on_start=on_start)

@@ -26,7 +26,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._api import OnStart, RunStarted, prepare_run, run_attempt
+from ._api import OnStart, prepare_run, run_attempt
 from ._errors import InputChangedError, UsageError
 from .attempt.context import RunnerOptions
 from .attempt.runner import RunResult
@@ -133,7 +133,4 @@ def run_worker(
     store, run = open_target(resolve_target(run_dir, env))
     if store.exists(CANCELLED):
         raise UsageError(f"run in {store.url} was cancelled (`spotbook cancel`); not starting it")
-    if on_start is not None:
-        run_id = (run or store.checked_run or store.require_run())["spec"]["run_id"]
-        on_start(RunStarted(run_id, store.url, store))
-    return run_attempt(store, options, run)
+    return run_attempt(store, options, run, on_start=on_start)
