@@ -117,3 +117,23 @@ def test_run_plan_runs_checks_skips_and_stops_at_a_failure(tmp_path: Path) -> No
     assert spotbook.run_plan(steps[:2]) == spotbook.PlanRun(total=2, ran=(1,), skipped=(2,))
     with pytest.raises(spotbook.UsageError, match="--from 5: the plan has 4 steps"):
         spotbook.run_plan(steps, start=5)
+
+
+def test_trust_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `spotbook trust` as the call it makes (the legacy store it is for, trusted and
+    # resumed, is tests/test_tamper.py's): a sealed store has nothing to trust, and taking
+    # back a trust never given changes nothing
+    from .conftest import write_notebook
+
+    monkeypatch.chdir(tmp_path)
+    write_notebook(tmp_path / "nb.ipynb", "x = 1")
+    spotbook.prepare_run("nb.ipynb", run_dir="sealed")
+    with pytest.raises(spotbook.UsageError, match="nothing to trust"):
+        spotbook.trust_run("sealed")
+    done = spotbook.trust_run("sealed", remove=True)
+    assert (done.url, done.trusted, done.changed, done.entry) == (
+        RunStore(str(tmp_path / "sealed")).url,
+        False,
+        False,
+        None,
+    )

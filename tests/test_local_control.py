@@ -66,6 +66,25 @@ def test_logs_then_cancel_a_run_on_this_machine(tmp_path: Path) -> None:
     assert r.returncode == 2 and "is not running" in r.stderr, r.stderr
 
 
+def test_the_library_call_cancels_a_run_on_this_machine_as_the_command_does(
+    tmp_path: Path,
+) -> None:
+    # `spotbook cancel` renders what spotbook.cancel_run did: the same call stops a local
+    # run (there is no Job to delete) and says how far it got
+    import spotbook
+
+    proc = _gated(tmp_path)
+    try:
+        done = spotbook.cancel_run(str(tmp_path / "rd"))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill(proc)
+    assert proc.returncode == 75, err
+    assert (done.job, done.stopped, done.cells_done, done.cells_total) == (None, True, 1, 3)
+    assert done.url == RunStore(str(tmp_path / "rd")).url and done.pid is not None
+
+
 def test_logs_follow_ends_with_the_run(tmp_path: Path) -> None:
     proc = _gated(tmp_path)
     follower = start_cli("logs", "-f", "rd", cwd=tmp_path)

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         Recovered,
         Removed,
         RunListing,
+        Trusted,
         cancel_run,
         cluster_jobs,
         cluster_runs,
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
         run_outputs,
         run_status,
         stop_local_run,
+        trust_run,
         wait_for_job,
     )
     from .ops.submit import Submitted, job_manifest, submit, submit_notebook
@@ -116,6 +118,8 @@ _LAZY = {
     "run_logs": ".ops.runs",
     "run_outputs": ".ops.runs",
     "stop_local_run": ".ops.runs",
+    "trust_run": ".ops.runs",
+    "Trusted": ".ops.runs",
     "LocalRunner": ".ops.runs",
     "list_runs": ".ops.runs",
     "remove_run": ".ops.runs",
@@ -200,6 +204,7 @@ __all__ = [
     "SupersededError",
     "SweepTable",
     "Terminated",
+    "Trusted",
     "UsageError",
     "cancel_run",
     "checkpoint_dir",
@@ -233,5 +238,6 @@ __all__ = [
     "submit_sweep",
     "sweep",
     "sweep_status",
+    "trust_run",
     "wait_for_job",
 ]

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from .._errors import CommandFailedError, UsageError
+from .._errors import UsageError
 from ..kube.manifest import JobOptions
 from ..ops.fallback import FallbackPolicy
 from ..ops.jobs import cluster_for, job_record
@@ -18,7 +18,6 @@ from ..ops.runs import (
     open_run,
     recover_run,
     run_outputs,
-    stop_local_run,
 )
 from ..store.runstore import JOB_RECORD, RunStore
 from .run import _check_engine, _limits, _parameters, _stdin_notebook, run_request
@@ -240,37 +239,18 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    store = open_run(args.run, context=args.context, namespace=args.namespace)
-    store.require_run()
-    if not _submitted(store):
-        return _stop_local(store)
-    done = cancel_run(store, context=args.context, namespace=args.namespace)
-    print(
-        f"spotbook: cancelled run {done.run_id}: deleted its Job; the pod saves progress on "
-        f"its way out, and {done.url} keeps everything done so far",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def _stop_local(store: RunStore) -> int:
-    """cancel of a run on this machine: its runner stops as on Ctrl-C, progress kept."""
-    from .._models import EXIT_MARGIN, SAVE_BUDGET
-    from .._status import describe
-    from ..ops.runs import run_grace
-
-    grace = run_grace(store.require_run())
-    runner, ended = stop_local_run(store, timeout=grace + SAVE_BUDGET + EXIT_MARGIN + 5.0)
-    if not ended:
-        raise CommandFailedError(
-            f"run {runner.run_id}: its runner (pid {runner.pid}) was asked to stop and is "
-            f"still saving; `kill -9 {runner.pid}` ends it (what it committed stays)"
+    done = cancel_run(args.run, context=args.context, namespace=args.namespace)
+    if done.job is not None:
+        print(
+            f"spotbook: cancelled run {done.run_id}: deleted its Job; the pod saves progress "
+            f"on its way out, and {done.url} keeps everything done so far",
+            file=sys.stderr,
         )
-    doc = describe(store)
+        return 0
     print(
-        f"spotbook: stopped run {runner.run_id} (pid {runner.pid}) as Ctrl-C would: "
-        f"{doc['cells_done']} of {doc['cells_total']} cells saved; `spotbook resume "
-        f"{runner.url}` continues it",
+        f"spotbook: stopped run {done.run_id} (pid {done.pid}) as Ctrl-C would: "
+        f"{done.cells_done} of {done.cells_total} cells saved; `spotbook resume "
+        f"{done.url}` continues it",
         file=sys.stderr,
     )
     return 0

@@ -36,8 +36,6 @@ from ..attempt.runner import RunResult
 from ..notebook.parameters import Parameter, collect_parameters
 from ..store.runstore import (
     LOCAL_RUNS,
-    RunStore,
-    resolve_run,
 )
 from .parser import snapshot_policy
 
@@ -356,23 +354,16 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_trust(args: argparse.Namespace) -> int:
-    from ..store.integrity import trust, untrust
+    from ..ops.runs import trust_run
 
-    store = RunStore(resolve_run(args.run))
-    run = store.require_run()
-    if args.remove:
-        had = untrust(store.url)
-        print(f"spotbook: {store.url} is {'no longer' if had else 'not'} trusted", file=sys.stderr)
+    done = trust_run(args.run, remove=args.remove)
+    if not done.trusted:
+        said = "no longer" if done.changed else "not"
+        print(f"spotbook: {done.url} is {said} trusted", file=sys.stderr)
         return 0
-    if run.get("seal") is not None:
-        raise UsageError(
-            f"{store.url} is sealed with a key (run {run['spec'].get('run_id')}): there is "
-            "nothing to trust; it resumes with the key it was made with"
-        )
-    path = trust(store.url)
     print(
-        f"spotbook: trusting {store.url} (made by an older spotbook: nothing in it is "
-        f"sealed) on this machine, for this user ({path}); `spotbook resume {args.run}` "
+        f"spotbook: trusting {done.url} (made by an older spotbook: nothing in it is "
+        f"sealed) on this machine, for this user ({done.entry}); `spotbook resume {args.run}` "
         f"now resumes it. Take it back with `spotbook trust --remove {args.run}`",
         file=sys.stderr,
     )

@@ -113,21 +113,35 @@ def run_status(
 
 @dataclass(frozen=True)
 class Cancelled:
-    """A cancelled run: its Job deleted, its store keeping everything done so far."""
+    """A cancelled run, its store keeping everything done so far: a submitted run's Job
+    deleted (``job``), or a run on this machine stopped as Ctrl-C stops it (``pid``)."""
 
     run_id: str
     url: str
-    job: str
+    job: str | None = None  # the deleted Job of a submitted run
+    pid: int | None = None  # the runner asked to stop, of a run on this machine
+    stopped: bool = True  # whether that runner had ended when the call returned
+    cells_done: int | None = None  # of the run on this machine, once it stopped
+    cells_total: int | None = None
 
 
 def cancel_run(
-    run: str | RunStore, *, context: str | None = None, namespace: str | None = None
+    run: str | RunStore,
+    *,
+    context: str | None = None,
+    namespace: str | None = None,
+    wait: float | None = None,
 ) -> Cancelled:
-    """Delete a submitted run's Job and mark the run cancelled (a worker will not start
-    it again)."""
+    """Cancel a run: delete a submitted run's Job and mark the run cancelled (a worker
+    will not start it again); stop a run on this machine as Ctrl-C would (progress saved,
+    ``spotbook resume`` continues it). ``wait``: how long to wait for a local runner to
+    end (default: the run's --grace and the time to save); 0 only asks it. A runner that
+    did not end in a wait of more than 0 is a ``CommandFailedError`` naming its pid."""
     store = _store(run, context, namespace)
     run_id = store.require_run()["spec"]["run_id"]
-    record = job_record(store)
+    record = store.job_record()
+    if record is None:
+        return _stop_local(store, wait)
     with cluster_for(context, namespace, record) as cluster:
         if cluster.get_job(run_id) is None:
             raise ClusterError(
@@ -137,6 +151,59 @@ def cancel_run(
         store.write_json(CANCELLED, {"at": time.time(), "by": os.environ.get("USER", "")})
         cluster.delete_job(run_id)
     return Cancelled(run_id=run_id, url=store.url, job=str(record.get("job") or run_id))
+
+
+def _stop_local(store: RunStore, wait: float | None) -> Cancelled:
+    """``cancel_run`` of a run on this machine."""
+    from .._errors import CommandFailedError
+    from .._models import EXIT_MARGIN, SAVE_BUDGET
+
+    if wait is None:
+        wait = run_grace(store.require_run()) + SAVE_BUDGET + EXIT_MARGIN + 5.0
+    runner, ended = stop_local_run(store, timeout=wait)
+    if not ended and wait > 0:
+        raise CommandFailedError(
+            f"run {runner.run_id}: its runner (pid {runner.pid}) was asked to stop and is "
+            f"still saving; `kill -9 {runner.pid}` ends it (what it committed stays)"
+        )
+    doc = describe(store) if ended else None
+    return Cancelled(
+        run_id=runner.run_id,
+        url=runner.url,
+        pid=runner.pid,
+        stopped=ended,
+        cells_done=None if doc is None else doc["cells_done"],
+        cells_total=None if doc is None else doc["cells_total"],
+    )
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """What ``trust_run`` did to a run store made before the seal: trusted here (``entry``:
+    the file on this machine that says so), or trusted no longer (``changed``: it was)."""
+
+    url: str
+    trusted: bool
+    changed: bool
+    entry: str | None = None
+
+
+def trust_run(run: str, *, remove: bool = False) -> Trusted:
+    """``spotbook trust``: let this machine's user resume a run store an older spotbook
+    made (nothing in it is sealed), or take that back (``remove``). A sealed store is a
+    ``UsageError``: it resumes with the key it was made with."""
+    from ..store.integrity import trust, untrust
+
+    store = RunStore(resolve_run(run))
+    doc = store.require_run()
+    if remove:
+        return Trusted(store.url, trusted=False, changed=untrust(store.url))
+    if doc.get("seal") is not None:
+        raise UsageError(
+            f"{store.url} is sealed with a key (run {doc['spec'].get('run_id')}): there is "
+            "nothing to trust; it resumes with the key it was made with"
+        )
+    return Trusted(store.url, trusted=True, changed=True, entry=trust(store.url))
 
 
 @dataclass(frozen=True)

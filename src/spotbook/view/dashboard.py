@@ -321,15 +321,14 @@ ACTION_HEADER = "X-Spotbook-Action"
 def run_action(url: str, action: str) -> str:
     """Do a dashboard button's action on the run at ``url``; what was done, in words.
     Raises SpotbookError (shown on the page) when it cannot be done."""
-    from ..ops.runs import cancel_run, remove_run, stop_local_run
+    from ..ops.runs import cancel_run, remove_run
 
     store = RunStore(url)
     if action == "stop":
-        if store.exists(JOB_RECORD):
-            done = cancel_run(store)
+        done = cancel_run(store, wait=0.0)  # the page follows the rest
+        if done.job is not None:
             return f"deleted Job {done.job}; the pod saves its progress on its way out"
-        runner, _ = stop_local_run(store, timeout=0.0)  # the page follows the rest
-        return f"asked the runner (pid {runner.pid}) to stop, as Ctrl-C would"
+        return f"asked the runner (pid {done.pid}) to stop, as Ctrl-C would"
     if action == "resume":
         return resume_in_background(store)
     if action == "delete":
