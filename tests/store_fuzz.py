@@ -135,6 +135,7 @@ def commands(rd: Path, out: Path) -> list[list[str]]:
         ["status", str(rd), "--json"],
         ["cost", str(rd), "--json"],
         ["report", str(rd), "-o", str(out / "report.html")],
+        ["logs", str(rd)],
         ["resume", str(rd), "--no-progress-bar"],
     ]
 

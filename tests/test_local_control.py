@@ -42,6 +42,8 @@ def _gated(tmp_path: Path) -> subprocess.Popen[str]:
 
 
 def test_logs_then_cancel_a_run_on_this_machine(tmp_path: Path) -> None:
+    import spotbook
+
     proc = _gated(tmp_path)
     try:
         r = cli("logs", "rd", cwd=tmp_path)
@@ -51,6 +53,10 @@ def test_logs_then_cancel_a_run_on_this_machine(tmp_path: Path) -> None:
             "first cell",
             f"Ending Cell {'1':-<43}",
         ], r.stdout
+        # the command prints what the library call yields
+        events = list(spotbook.stream_logs(str(tmp_path / "rd")))
+        assert {e.kind for e in events} == {"line"}, events
+        assert "".join(e.text for e in events) == r.stdout
         r = cli("cancel", "rd", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "as Ctrl-C would: 1 of 3 cells saved" in r.stderr, r.stderr

@@ -5,8 +5,8 @@ A real run, killed after its snapshots and resumed (two attempts, records, snaps
 manifests, blobs, its input and output), is the template. tests/store_fuzz.py mutates it
 object by object — each field's type and value, sizes past every read limit, nesting,
 encodings, the object made a FIFO, a directory or a link to /dev/zero — and runs
-``status``, ``status --json``, ``cost``, ``report`` and ``resume`` on each mutant, each
-under a 30 s alarm that counts as a failure.
+``status``, ``status --json``, ``cost``, ``report``, ``logs`` and ``resume`` on each
+mutant, each under a 30 s alarm that counts as a failure.
 """
 
 from __future__ import annotations

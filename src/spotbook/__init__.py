@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         Cancelled,
         ClusterJobs,
         LocalRunner,
+        LogEvent,
         Recovered,
         Removed,
         RunListing,
@@ -82,8 +83,10 @@ if TYPE_CHECKING:
         run_outputs,
         run_status,
         stop_local_run,
+        stream_logs,
         trust_run,
         wait_for_job,
+        wait_run,
     )
     from .ops.submit import Submitted, job_manifest, submit, submit_notebook
     from .ops.sweep import (
@@ -117,6 +120,9 @@ _LAZY = {
     "run_notebook": ".ops.runs",
     "run_logs": ".ops.runs",
     "run_outputs": ".ops.runs",
+    "stream_logs": ".ops.runs",
+    "LogEvent": ".ops.runs",
+    "wait_run": ".ops.runs",
     "stop_local_run": ".ops.runs",
     "trust_run": ".ops.runs",
     "Trusted": ".ops.runs",
@@ -178,6 +184,7 @@ __all__ = [
     "KernelStartError",
     "Limits",
     "LocalRunner",
+    "LogEvent",
     "NotebookFormatError",
     "Outcome",
     "ParameterError",
@@ -233,6 +240,7 @@ __all__ = [
     "run_plan",
     "run_status",
     "stop_local_run",
+    "stream_logs",
     "submit",
     "submit_notebook",
     "submit_sweep",
@@ -240,4 +248,5 @@ __all__ = [
     "sweep_status",
     "trust_run",
     "wait_for_job",
+    "wait_run",
 ]

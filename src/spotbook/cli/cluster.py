@@ -6,20 +6,12 @@ import argparse
 import json
 import logging
 import sys
-import time
 from typing import Any
 
 from .._errors import UsageError
 from ..kube.manifest import JobOptions
 from ..ops.fallback import FallbackPolicy
-from ..ops.jobs import cluster_for, job_record
-from ..ops.runs import (
-    cancel_run,
-    open_run,
-    recover_run,
-    run_outputs,
-)
-from ..store.runstore import JOB_RECORD, RunStore
+from ..ops.runs import cancel_run, recover_run, stream_logs
 from .run import _check_engine, _limits, _parameters, _stdin_notebook, run_request
 
 log = logging.getLogger("spotbook")
@@ -96,22 +88,13 @@ def fallback_policy(args: argparse.Namespace) -> FallbackPolicy:
 
 
 def _cmd_wait(args: argparse.Namespace) -> int:
-    from ..ops.runs import wait_for_job
-    from ..ops.submit import Submitted
+    from ..ops.runs import wait_run
 
-    store = open_run(args.run, context=args.context, namespace=args.namespace)
-    record = job_record(store)
-    run_id = store.require_run()["spec"]["run_id"] if store.exists("run.json") else ""
-    submitted = Submitted(
-        run_id=run_id or str((record.get("options") or {}).get("run_id") or ""),
-        url=store.url,
-        job=str(record.get("job") or ""),
-        namespace=str(record.get("namespace") or ""),
-        context=args.context or str(record.get("context") or ""),
-        manifest={},
-    )
-    return wait_for_job(
-        submitted, say=lambda line: print(f"spotbook: {line}", file=sys.stderr, flush=True)
+    return wait_run(
+        args.run,
+        context=args.context,
+        namespace=args.namespace,
+        say=lambda line: print(f"spotbook: {line}", file=sys.stderr, flush=True),
     )
 
 
@@ -176,65 +159,23 @@ def _print_manifest(manifest: dict[str, Any], fmt: str) -> None:
         print(yaml.dump(manifest, Dumper=_NoAliases, sort_keys=False), end="")
 
 
-def _submitted(store: RunStore) -> bool:
-    """Whether the run was submitted to a cluster (else it runs, or ran, on a machine
-    with `spotbook run`)."""
-    return store.read_json(JOB_RECORD) is not None
-
-
-def _local_logs(store: RunStore, follow: bool) -> int:
-    """A run's cells' outputs as they are committed, between papermill's separators."""
-    from .._api import cell_separator
-
-    for kind, content in run_outputs(store, follow=follow):
-        separator = cell_separator(kind, content)
-        if separator is not None:
-            print(separator, flush=True)
-            continue
-        if kind == "error":
-            text = f"{content.get('ename')}: {content.get('evalue')}"
-        else:
-            text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
-            text = "".join(text) if isinstance(text, list) else str(text)
-        if text:
-            sys.stdout.write(text if text.endswith("\n") else f"{text}\n")
-            sys.stdout.flush()
-    return 0
-
-
 def _cmd_logs(args: argparse.Namespace) -> int:
-    store = open_run(args.run, context=args.context, namespace=args.namespace)
-    run_id = store.require_run()["spec"]["run_id"]
-    if not _submitted(store):
-        return _local_logs(store, args.follow)
-    cluster = cluster_for(args.context, args.namespace, job_record(store))
-    pods = cluster.pods(run_id)
-    if args.follow:
-        deadline = time.monotonic() + 600
-        told = False
-        while (not pods or pods[-1].get("status", {}).get("phase") == "Pending") and (
-            time.monotonic() < deadline
-        ):
-            if not told:
-                print("spotbook: waiting for the run's pod to start", file=sys.stderr)
-                told = True
-            time.sleep(2.0)
-            pods = cluster.pods(run_id)
-    if not pods:
-        print(
-            f"spotbook: run {run_id} has no pods (not started yet, or removed after the Job "
-            f"finished); its notebook is in {store.url}/output.ipynb",
-            file=sys.stderr,
-        )
-        return 0
-    targets = pods if args.all else pods[-1:]
-    for pod in targets:
-        name = pod["metadata"]["name"]
-        if args.all:
-            print(f"==> pod {name} <==", flush=True)
-        for line in cluster.logs(name, follow=args.follow and pod is pods[-1]):
-            sys.stdout.write(line if line.endswith("\n") else line + "\n")
+    for event in stream_logs(
+        args.run,
+        context=args.context,
+        namespace=args.namespace,
+        follow=args.follow,
+        all_pods=args.all,
+    ):
+        if event.kind == "line":
+            sys.stdout.write(event.text)
             sys.stdout.flush()
+        elif event.kind == "pod":
+            print(f"==> pod {event.text} <==", flush=True)
+        elif event.kind == "waiting":
+            print("spotbook: waiting for the run's pod to start", file=sys.stderr)
+        else:
+            print(f"spotbook: {event.text}", file=sys.stderr)
     return 0
 
 

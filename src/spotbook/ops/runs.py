@@ -1,5 +1,5 @@
 """Find a run wherever it is, and say where it stands: its store, and its Job when it
-was submitted (``spotbook status``, ``cancel``, ``recover``)."""
+was submitted (``spotbook status``, ``cancel``, ``recover``, ``logs``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import ClusterError, RunNotFoundError, SpotbookError, UsageError
 from .._models import Outcome, RunStatus, alive, runner_mark
@@ -288,6 +288,73 @@ def run_logs(
             elif o.get("output_type") == "error":
                 out.append(f"{o.get('ename')}: {o.get('evalue')}")
     return out[-lines:]
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """One thing ``stream_logs`` yields. ``line``: a line of the run's log, ending in a
+    newline; ``pod``: the pod whose log follows (``all_pods``; text: its name);
+    ``waiting``: for the run's pod to start (``follow``; yielded once); ``no-pods``: the
+    Job has none (text: the sentence that says so, and where the notebook is)."""
+
+    kind: Literal["line", "pod", "waiting", "no-pods"]
+    text: str = ""
+
+
+def stream_logs(
+    run: str | RunStore,
+    *,
+    context: str | None = None,
+    namespace: str | None = None,
+    follow: bool = False,
+    all_pods: bool = False,
+    pod_wait: float = 600.0,
+) -> Iterator[LogEvent]:
+    """``spotbook logs``: a submitted run's log from its latest pod (every pod's, oldest
+    first, with ``all_pods``), a run here's cell outputs between papermill's --log-output
+    separators. ``follow``: go on while the run does (a submitted run's pod waited for up
+    to ``pod_wait`` seconds while it is pending). Reads sealed records only."""
+    from .._api import cell_separator
+
+    store = _store(run, context, namespace)
+    record = store.job_record()  # checks run.json's seal where it is a Job's
+    if record is None:
+        for kind, content in run_outputs(store, follow=follow):
+            separator = cell_separator(kind, content)
+            if separator is not None:
+                yield LogEvent("line", separator + "\n")
+                continue
+            if kind == "error":
+                text = f"{content.get('ename')}: {content.get('evalue')}"
+            else:
+                text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
+                text = "".join(text) if isinstance(text, list) else str(text)
+            if text:
+                yield LogEvent("line", text if text.endswith("\n") else f"{text}\n")
+        return
+    run_id = store.require_run()["spec"]["run_id"]
+    with cluster_for(context, namespace, record) as cluster:
+        pods = cluster.pods(run_id)
+        deadline = time.monotonic() + pod_wait
+        waiting = follow and (not pods or pods[-1].get("status", {}).get("phase") == "Pending")
+        if waiting:
+            yield LogEvent("waiting")
+        while waiting and time.monotonic() < deadline:
+            time.sleep(2.0)  # a poll of the cluster for the pod's start
+            pods = cluster.pods(run_id)
+            waiting = not pods or pods[-1].get("status", {}).get("phase") == "Pending"
+        if not pods:
+            yield LogEvent(
+                "no-pods",
+                f"run {run_id} has no pods (not started yet, or removed after the Job "
+                f"finished); its notebook is in {store.url}/output.ipynb",
+            )
+            return
+        for pod in pods if all_pods else pods[-1:]:
+            if all_pods:
+                yield LogEvent("pod", pod["metadata"]["name"])
+            for line in cluster.logs(pod["metadata"]["name"], follow=follow and pod is pods[-1]):
+                yield LogEvent("line", line if line.endswith("\n") else line + "\n")
 
 
 @dataclass
@@ -726,3 +793,26 @@ def wait_for_job(
         counts = sweep_status(submitted.url).counts()
         tell(f"sweep {run_id}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return int(code)
+
+
+def wait_run(
+    run: str,
+    *,
+    context: str | None = None,
+    namespace: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> int:
+    """``spotbook wait``: follow a submitted run's (or sweep's) Job until it ends, as
+    ``wait_for_job`` does; a run not submitted is a UsageError that says where it is."""
+    store = open_run(run, context=context, namespace=namespace)
+    record = job_record(store)  # sealed: checks run.json's seal first
+    run_id = store.require_run()["spec"]["run_id"] if store.exists("run.json") else ""
+    submitted = Submitted(
+        run_id=run_id or str((record.get("options") or {}).get("run_id") or ""),
+        url=store.url,
+        job=str(record.get("job") or ""),
+        namespace=str(record.get("namespace") or ""),
+        context=context or str(record.get("context") or ""),
+        manifest={},
+    )
+    return wait_for_job(submitted, say=say)
