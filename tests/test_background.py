@@ -231,6 +231,60 @@ def test_kill_while_a_staged_snapshots_writer_runs(tmp_path: Path, node: str) ->
     assert (work / "side.txt").read_text() == "cell 1\n"
 
 
+@pytest.mark.parametrize("node", ["same", "wiped"])
+def test_a_snapshot_asked_with_its_cell_writes_nothing_before_the_cells_files_are_noted(
+    tmp_path: Path, node: str
+) -> None:
+    """The writer of a snapshot asked with its cell starts only once the runner has noted
+    the files the cell wrote: killed at its first blob, the resume gives the cell its file
+    back before it runs again (it appends once, not twice). The cell prints 8 MiB, which
+    the runner saves to the store before it notes the files: a writer that did not wait
+    would have made its first blob long before."""
+    work, go = tmp_path / "work", tmp_path / "go"
+    env = {"SPOTBOOK_SNAPSHOT_STAGED": "1"}
+    for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
+        env[var] = str(tmp_path / name)
+        os.makedirs(env[var])
+    work.mkdir()
+    cells = (
+        "x = 1",
+        "with open('side.txt', 'a') as fh:\n    fh.write('cell 1\\n')\n"
+        "print('y' * (8 << 20))\nsmall = list(range(1000))",
+        _gate(go) + "\nprint(open('side.txt').read().count('cell 1'), len(small))",
+    )
+    write_notebook(work / "nb.ipynb", *cells)
+    proc = start_cli(
+        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
+        cwd=work, env=env,
+    )  # fmt: skip
+    runner = psutil.Process(proc.pid)
+    blobs = work / "rd" / "state" / "blobs"
+    wait_for(lambda: cells_committed(work / "rd") == 1, what="cell 0 committed")
+
+    def lose_the_node() -> list[psutil.Process]:
+        everyone = [runner, *runner.children(recursive=True)]
+        for p in everyone:
+            p.send_signal(signal.SIGKILL)
+        return everyone
+
+    # the first blob created after cell 0 is committed is the snapshot after cell 1's
+    everyone = on_created(blobs, lambda name: ".tmp-" in name, lose_the_node)
+    proc.communicate(timeout=60)
+    psutil.wait_procs(everyone, timeout=30)
+    assert cells_committed(work / "rd") == 1
+    if node == "wiped":
+        _wipe(work, env)
+    go.touch()
+    r = cli("resume", "rd", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((work / "out.ipynb").read_text())
+    assert "".join(out["cells"][2]["outputs"][0]["text"]) == "1 1000\n"
+    assert (work / "side.txt").read_text() == "cell 1\n"
+    if node == "same":  # (a wiped node has no file to give back: the cell makes it anew)
+        status = json.loads(cli("status", "rd", "--json", cwd=work, env=env).stdout)
+        assert any("side.txt" in line for line in status["attempts"][1]["files_given_back"])
+
+
 def test_a_display_updated_while_its_cells_record_waits_for_the_snapshot(
     tmp_path: Path,
 ) -> None:

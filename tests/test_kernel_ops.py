@@ -9,8 +9,10 @@ import ast
 import asyncio
 import inspect
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,8 +130,11 @@ def test_a_kernel_error_says_whether_it_was_storage() -> None:
 
 
 def test_a_snapshot_asked_with_a_cell_is_a_user_expression_decoded_or_its_error() -> None:
-    expression = KernelOps.snapshot_after_cell("/b", "/r.json", "/r.json.begun")
-    assert _operation(expression) == ("snapshot_after_cell", ["/b", "/r.json", "/r.json.begun"])
+    expression = KernelOps.snapshot_after_cell("/b", "/r.json", "/r.json.begun", "/r.json.go")
+    assert _operation(expression) == (
+        "snapshot_after_cell",
+        ["/b", "/r.json", "/r.json.begun", "/r.json.go"],
+    )
     assert hasattr(kernel_side, "snapshot_after_cell")
     # as ipykernel puts a user expression's value, or its error, into the cell's reply
     ok = {"status": "ok", "data": {"text/plain": repr('{"pid": 12, "pause": 0.01}')}}
@@ -142,6 +147,31 @@ def test_a_snapshot_asked_with_a_cell_is_a_user_expression_decoded_or_its_error(
     # not evaluated (the cell raised): nothing was taken
     assert KernelOps.expression_answer(None) is None
     assert KernelOps.expression_answer({}) is None
+
+
+def test_the_writer_of_a_snapshot_asked_with_its_cell_waits_at_its_gate(tmp_path: Path) -> None:
+    """The kernel's writer waits until the runner lets it go (or drops it); the runner's
+    word never blocks, nor fails where the kernel is gone."""
+    import threading
+
+    answers: list[bool] = []
+    for go in (True, False):
+        gate = kernel_side._Gate(str(tmp_path / f"gate-{go}"))
+        waiter = threading.Thread(target=lambda g=gate: answers.append(g.wait()))
+        waiter.start()
+        assert waiter.is_alive()  # nothing said yet: it waits
+        KernelOps.release_writer(gate.path, go=go)
+        waiter.join(timeout=30)
+        gate.close()
+        assert not os.path.exists(gate.path)
+    assert answers == [True, False]
+    # said before the writer reads, it is read all the same; the kernel drops it itself
+    gate = kernel_side._Gate(str(tmp_path / "early"))
+    KernelOps.release_writer(gate.path, go=True)
+    gate.drop()  # what a next snapshot does: the "go" said first is what is read
+    assert gate.wait()
+    gate.close()
+    KernelOps.release_writer(gate.path, go=True)  # gone: nothing happens
 
 
 def test_only_streams_that_tag_each_write_let_a_snapshot_ride_with_its_cell() -> None:

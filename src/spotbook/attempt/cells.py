@@ -172,6 +172,7 @@ class CellLoop:
                 except Terminated:
                     order.record(index, record)
                     raise
+            snaps.drop_held()  # taken with the cell, but not started: never written
             # now, or once the snapshot being written in the background is committed
             order.record(index, record)
             journal.recommit_updated_displays(index, run.session, order.held())

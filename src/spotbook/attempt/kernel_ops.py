@@ -17,7 +17,9 @@ channel); anything with its two coroutines can stand in for it.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
+import os
 from typing import Any, Protocol
 
 # the kernel side, imported under no name of the notebook's (nothing is bound in it)
@@ -114,12 +116,24 @@ class KernelOps:
         return found
 
     @staticmethod
-    def snapshot_after_cell(blob_dir: str, result_path: str, begun: str) -> str:
+    def snapshot_after_cell(blob_dir: str, result_path: str, begun: str, gate: str) -> str:
         """The expression that asks for a staged snapshot with a cell's own execute request
         (one of its user expressions: evaluated after the cell's code, if that raised
         nothing). Its value comes back in the reply: :meth:`expression_answer`. The kernel
-        makes the file ``begun`` as it starts: the cell's code had ended."""
-        return _call("snapshot_after_cell", blob_dir, result_path, begun)
+        makes the file ``begun`` as it starts: the cell's code had ended. Its writer
+        writes nothing until :meth:`release_writer` lets it go at ``gate``."""
+        return _call("snapshot_after_cell", blob_dir, result_path, begun, gate)
+
+    @staticmethod
+    def release_writer(gate: str, *, go: bool) -> None:
+        """Let the writer of a snapshot asked with its cell write (``go``), or drop it.
+        Nothing happens where the kernel is gone (the gate has no reader, or is gone)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"g" if go else b"x")
+            finally:
+                os.close(fd)
 
     @staticmethod
     def expression_answer(value: Any) -> Any:

@@ -60,6 +60,11 @@ def _begun(result_path: str) -> str:
     return f"{result_path}.begun"
 
 
+def _gate(result_path: str) -> str:
+    """Where the writer of a snapshot asked with a cell waits to be let go."""
+    return f"{result_path}.go"
+
+
 class CannotRebuild(Exception):
     """Internal: the kernel state cannot be rebuilt from the snapshot and replays."""
 
@@ -162,6 +167,7 @@ class Snapshots:
         self.can_ask_with_cell = False
         # the snapshot asked for with the running cell: (the cell, its manifest's path)
         self._asked_with_cell: tuple[int, str] | None = None
+        self._held: str | None = None  # a snapshot taken with its cell, its writer waiting
 
     def seed(self, doc: dict[str, Any]) -> None:
         """Take the restored snapshot's measured cost as the policy's first estimate, so a
@@ -387,8 +393,8 @@ class Snapshots:
             return None
         path = self._result_path(index)
         self._asked_with_cell = (index, path)
-        begun = _begun(path)
-        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path, begun)}
+        begun, gate = _begun(path), _gate(path)
+        return {WITH_CELL: KernelOps.snapshot_after_cell(self.blob_dir(), path, begun, gate)}
 
     def died_in_snapshot(self, index: int) -> bool:
         """Whether the kernel, dead during cell ``index``, died in the snapshot asked with
@@ -404,7 +410,19 @@ class Snapshots:
             return None
         value = (result.reply.get("user_expressions") or {}).get(WITH_CELL)
         answer = KernelOps.expression_answer(value)
-        return None if answer is None else WithCell(asked[1], answer)
+        if answer is None:
+            return None
+        if not isinstance(answer, KernelError):
+            self._held = asked[1]  # its writer waits for start() (or drop_held())
+        return WithCell(asked[1], answer)
+
+    def drop_held(self) -> None:
+        """Drop the snapshot the kernel took with the last cell, if :meth:`start` did not
+        take it up (the one before it failed, and snapshots are off): its writer, waiting,
+        would hold the staged copy of the state until the next snapshot."""
+        if self._held is not None:
+            KernelOps.release_writer(_gate(self._held), go=False)
+            self._held = None
 
     async def start(self, index: int, taken: WithCell | None = None) -> bool:
         """Start the snapshot after cell ``index`` in a fork of the kernel (or staged);
@@ -416,6 +434,12 @@ class Snapshots:
         path = self._result_path(index)
         answer: dict[str, Any] | None
         if taken is not None:  # the kernel's part of the pause was in the cell's request
+            if self._held == taken.path:
+                # What the cell wrote is noted in the store by now (cells.py notes it
+                # before it starts the snapshot): only now may the first blob be written.
+                # Killed while they are, the run gives the cell those files back.
+                KernelOps.release_writer(_gate(taken.path), go=True)
+                self._held = None
             m0 -= taken.pause
             path = taken.path
             answer = {"unsafe": self._staged_only(), "taken": taken.answer}

@@ -508,24 +508,63 @@ _writer: threading.Thread | None = None
 _WRITER_NICE = 10  # added to the kernel's own niceness (Linux: per thread)
 
 
-def snapshot_staged(blob_dir: str, result_path: str) -> str:
+class _Gate:
+    """What a writer asked for with a cell waits on before it writes a byte: a FIFO at
+    ``path`` the runner writes ``b"g"`` into once the cell's files are noted in the store
+    (:func:`snapshot_after_cell`); any other byte drops the snapshot. The kernel holds it
+    open both ways (Linux opens a FIFO read-write at once), so the runner's write never
+    finds it without a reader, and the kernel can drop it itself."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        os.mkfifo(path, 0o600)
+        self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+    def wait(self) -> bool:
+        try:
+            return os.read(self.fd, 1) == b"g"
+        except OSError:
+            return False
+
+    def drop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.fd, b"x")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+_gate: _Gate | None = None  # the last writer's, until the next snapshot is staged
+
+
+def snapshot_staged(blob_dir: str, result_path: str, gate: str = "") -> str:
     """Without a fork: pickle the state now, copying the large buffers that changed into
     staging memory (:class:`~.pickling.StagedBlobs`), and leave the hashing and writing to
     a thread of this kernel that writes the manifest into ``result_path`` (atomically:
     complete or absent; ``{"stale": why}`` when a buffer reused as unchanged had changed,
     ``{"error": why}`` when writing failed) while the notebook goes on. Returns
     ``{"pid", "pause", "staged", "reused", "fallback"}`` at once."""
-    global _writer
+    global _writer, _gate
     t0 = time.perf_counter()
     if _writer is not None:  # the runner waits for one before asking for the next
+        if _gate is not None:  # one it let go reads its b"g" first; one it left, this
+            _gate.drop()
         _start(_writer)  # if no turn of the event loop has started it since
         _writer.join()
+    if _gate is not None:
+        _gate.close()
+        _gate = None
     blobs = StagedBlobs(blob_dir)
     manifest = _take(blobs)
     pause = time.perf_counter() - t0
+    if gate:
+        _gate = _Gate(gate)
     _writer = threading.Thread(
         target=_write_staged,
-        args=(blobs, manifest, result_path, t0),
+        args=(blobs, manifest, result_path, t0, _gate),
         name="spotbook-writer",
         daemon=True,
     )
@@ -542,17 +581,20 @@ def snapshot_staged(blob_dir: str, result_path: str) -> str:
     )
 
 
-def snapshot_after_cell(blob_dir: str, result_path: str, begun: str) -> str:
+def snapshot_after_cell(blob_dir: str, result_path: str, begun: str, gate: str) -> str:
     """:func:`snapshot_staged`, asked for with a cell's own execute request (a user
     expression, evaluated once the cell's code has run without error, before the reply):
     a request's round trip less in the pause. What it prints is not the cell's output
     (:func:`_outputs_apart`), as a silent request's was not. It makes the file ``begun``
     first: should the kernel die in it, the runner knows that the cell's code had ended
-    and the snapshot killed it, not the cell."""
+    and the snapshot killed it, not the cell. Its writer waits at ``gate`` (a
+    :class:`_Gate`) until the runner has noted in the store the files the cell wrote:
+    a run killed while the snapshot is written must give them back to the cell that then
+    runs again (one appending to a file would append twice)."""
     with open(begun, "x"):
         pass
     with _outputs_apart():
-        return snapshot_staged(blob_dir, result_path)
+        return snapshot_staged(blob_dir, result_path, gate)
 
 
 # the request that what a snapshot prints is sent as the output of: none the runner asked
@@ -610,12 +652,18 @@ def _start(thread: threading.Thread) -> None:
 
 
 def _write_staged(
-    blobs: StagedBlobs, manifest: dict[str, Any], result_path: str, t0: float
+    blobs: StagedBlobs,
+    manifest: dict[str, Any],
+    result_path: str,
+    t0: float,
+    gate: _Gate | None = None,
 ) -> None:
     """The writer thread: the staged buffers hashed and written, then the manifest. It
     yields the processor to the notebook (a lower priority, which the threads it starts
     to hash and write in pieces inherit): the notebook's next cell, and the runner
-    starting it, come first."""
+    starting it, come first. With a ``gate``, only once the runner lets it go."""
+    if gate is not None and not gate.wait():
+        return  # the runner took no snapshot after that cell: nothing is written
     with contextlib.suppress(AttributeError, OSError):
         tid = threading.get_native_id()
         os.setpriority(
