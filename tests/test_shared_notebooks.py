@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 from .conftest import SHARED, cells_committed, cli, comparable, kill, load, start_cli, wait_for
 
@@ -101,13 +104,22 @@ def test_every_shared_notebook_has_an_expectation() -> None:
 
 
 def _nbclient_outputs(path: Path) -> dict:
+    """Raw nbclient's outputs. Its kernel talks over local sockets, as spotbook's does:
+    on TCP, a kernel started while other tests start theirs can find a port it was given
+    taken before it binds it, and die before it replies (seen once in CI)."""
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(
-        nb,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        allow_errors=False,
-    ).execute()
+    sockets = tempfile.mkdtemp(prefix="sb-nbclient-")  # short: a socket's path has a limit
+    try:
+        ipc = {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}
+        NotebookClient(
+            nb,
+            config=Config({"KernelManager": ipc}),
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+            allow_errors=False,
+        ).execute()
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     return json.loads(nbformat.writes(nb))
 
 
