@@ -137,3 +137,16 @@ def test_cancel_never_signals_a_process_that_is_not_the_runner(tmp_path: Path) -
     finally:
         other.kill()
         other.wait()
+
+
+def test_cancel_refuses_a_store_whose_spec_was_changed(tmp_path: Path) -> None:
+    """The run's id, which names the Job to delete, is read from a checked spec only: a
+    spec that lost it is refused (exit 2, no traceback), not a crash."""
+    write_notebook(tmp_path / "nb.ipynb", "print('one')")
+    assert cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=tmp_path).returncode == 0
+    doc = json.loads((tmp_path / "rd" / "run.json").read_text())
+    del doc["spec"]["run_id"]
+    (tmp_path / "rd" / "run.json").write_text(json.dumps(doc))
+    r = cli("cancel", "rd", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "no valid run spec" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -138,7 +138,7 @@ def cancel_run(
     end (default: the run's --grace and the time to save); 0 only asks it. A runner that
     did not end in a wait of more than 0 is a ``CommandFailedError`` naming its pid."""
     store = _store(run, context, namespace)
-    run_id = store.require_run()["spec"]["run_id"]
+    run_id = str(store.unseal()["spec"]["run_id"])  # the Job it names: from a checked spec
     record = store.job_record()
     if record is None:
         return _stop_local(store, wait)
@@ -224,8 +224,9 @@ def recover_run(
     from ..kube.jobs import describe_pod, pod_view
 
     store = _store(run, context, namespace)
+    record = job_record(store)  # sealed: checks run.json's seal first
     run_id = store.require_run()["spec"]["run_id"]
-    with cluster_for(context, namespace, job_record(store)) as cluster:
+    with cluster_for(context, namespace, record) as cluster:
         views = [pod_view(p, cluster.node_ready) for p in cluster.pods(run_id)]
         # stuck on a node that is not Ready, or past its grace on one this account may not
         # read
