@@ -29,6 +29,7 @@ import nbformat
 
 from spotbook.attempt.executor import CellResult
 from spotbook.attempt.kernel_ops import KERNEL_MODULE, KernelError
+from spotbook.kernel import session as kernel_side
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Script:
     before: Callable[[int], Awaitable[None]] | None = None
     after: Callable[[int], Awaitable[None]] | None = None
     writers: list[threading.Thread] = field(default_factory=list)
+    # the FIFOs a writer asked with its cell waits at until the runner lets it go
+    held: list[Any] = field(default_factory=list)
     # whether the kernel says it will never fork (as one that loaded torch does)
     lasting: bool = True
 
@@ -54,6 +57,8 @@ class Script:
     def open_all(self) -> None:
         for event in self.gates.values():
             event.set()
+        for gate in self.held:  # one the runner let go reads its "go" first
+            gate.drop()
 
 
 def _operation(expression: str) -> tuple[str, list[Any]]:
@@ -194,17 +199,22 @@ class FakeKernel:
             raise KernelError(ename, evalue)
         return json.dumps(manifest)
 
-    def op_snapshot_after_cell(self, blob_dir: str, result_path: str, begun: str) -> str:
+    def op_snapshot_after_cell(self, blob_dir: str, result_path: str, begun: str, gate: str) -> str:
         self.staged_with_cell += 1
         with open(begun, "x"):
             pass
-        return self.op_snapshot_staged(blob_dir, result_path)
+        return self.op_snapshot_staged(blob_dir, result_path, gate)
 
-    def op_snapshot_staged(self, blob_dir: str, result_path: str) -> str:
+    def op_snapshot_staged(self, blob_dir: str, result_path: str, gate: str = "") -> str:
         index = self.last
         state = self._state()  # copied now, at the boundary
+        held = kernel_side._Gate(gate) if gate else None  # the real kernel's gate
+        if held is not None:
+            self.script.held.append(held)
 
         def write() -> None:
+            if held is not None and not held.wait():
+                return  # the runner took no snapshot after that cell
             self.script.gate(index).wait()
             text = json.dumps(self._manifest(blob_dir, state, index))
             with open(f"{result_path}.tmp", "w") as fh:

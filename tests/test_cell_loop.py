@@ -109,6 +109,8 @@ class Run:
             self.script.open_all()
             for writer in self.script.writers:
                 writer.join()
+            for gate in self.script.held:
+                gate.close()
         return None
 
     def on_disk(self) -> tuple[list[int], list[int]]:
