@@ -152,6 +152,46 @@ def test_the_python_api_runs_every_point_and_returns_the_table(
 
 
 @pytest.mark.slow
+def test_cost_of_a_sweep_is_every_points_bill_and_their_sum(
+    tmp_path: Path, reference: spotbook.SweepTable
+) -> None:
+    doc = json.loads(cli("cost", reference.url, "--json", cwd=tmp_path).stdout)
+    points, totals = doc["points"], doc["totals"]
+    assert [p["url"] for p in points] == [r.url for r in reference.rows]
+    assert totals["attempts"] == 12 and totals["preemptions"] == 0
+    assert totals["node_hours"] == pytest.approx(
+        sum(p["totals"]["node_hours"] for p in points), abs=1e-5
+    )
+    text = cli("cost", reference.url, cwd=tmp_path)
+    assert text.returncode == 0 and "sweep    12 points:" in text.stdout, text.stderr
+
+
+@pytest.mark.parametrize(
+    ("points", "said"),
+    [
+        ({"points": [{"index": "0", "parameters": {}}]}, "its index is not a whole number"),
+        ({"points": [{"index": 0}]}, "its parameters are not a JSON object"),
+        ({"points": [{"index": -1, "parameters": {}}]}, "its index -1 is out of range"),
+        ({"points": [7]}, "a JSON int, not an object"),
+        ({"points": [{"index": 0, "parameters": {}}] * 2}, "lists a point twice"),
+        ({"points": {"0": {}}}, "holds no list of points"),
+        ([], "holds no list of points"),
+    ],
+)
+def test_a_sweep_json_changed_in_the_store_is_refused_not_a_crash(
+    tmp_path: Path, points: Any, said: str
+) -> None:
+    """Each point's store is named from sweep.json, which is not sealed: what spotbook
+    sweep never writes is refused (exit 2) by every command that reads it."""
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text(json.dumps(points))
+    for argv in (["cost", "sw"], ["sweep", "status", "sw"], ["sweep", "results", "sw"]):
+        r = cli(*argv, cwd=tmp_path)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert said in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+
+
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_every_point_to_the_same_results(
     tmp_path: Path, reference: spotbook.SweepTable
 ) -> None:

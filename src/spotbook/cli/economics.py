@@ -6,14 +6,12 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
 
 from .._errors import UsageError
 from .._models import parse_rate
-from ..economics.cost import CostReport, Machine, run_cost
+from ..economics.cost import CostReport, Machine, cost_of
 from ..economics.prices import load_prices
 from ..ops.runs import open_run
-from ..store.runstore import RunStore, resolve_run
 
 
 def _say(line: str) -> None:
@@ -23,46 +21,22 @@ def _say(line: str) -> None:
 def _cmd_cost(args: argparse.Namespace) -> int:
     prices = load_prices(args.prices)
     given = Machine(args.provider, args.region, args.machine_type, args.capacity)
-    root = RunStore(resolve_run(args.run))
-    if root.exists("sweep.json"):
-        from ..ops.sweep import open_sweep, point_url
-
-        url, points = open_sweep(args.run)
-        reports = [
-            run_cost(RunStore(point_url(url, int(p["index"]))), prices, given) for p in points
-        ]
-    else:
-        reports = [
-            run_cost(
-                open_run(args.run, context=args.context, namespace=args.namespace), prices, given
-            )
-        ]
+    store = open_run(args.run, context=args.context, namespace=args.namespace)
+    summary = cost_of(store, prices, given)
     if args.json:
-        doc: dict[str, Any] = (
-            reports[0].to_json()
-            if len(reports) == 1 and not root.exists("sweep.json")
-            else {"points": [r.to_json() for r in reports], "totals": _sum(reports)}
-        )
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(summary.to_json(), indent=2))
         return 0
-    for r in reports:
+    for r in summary.reports:
         _show(r)
-    if len(reports) > 1 or root.exists("sweep.json"):
-        t = _sum(reports)
+    if summary.sweep:
+        t = summary.totals()
+        currency = summary.reports[0].currency if summary.reports else "USD"
         print(
-            f"sweep    {len(reports)} points: {t['node_hours']:.4f} node-hours, "
-            f"{t['gpu_hours']:.4f} GPU-hours, cost {_money(t['cost'], reports[0].currency)}"
+            f"sweep    {len(summary.reports)} points: {t.get('node_hours', 0.0):.4f} "
+            f"node-hours, {t.get('gpu_hours', 0.0):.4f} GPU-hours, cost "
+            f"{_money(t.get('cost'), currency)}"
         )
     return 0
-
-
-def _sum(reports: list[CostReport]) -> dict[str, Any]:
-    totals = [r.totals() for r in reports]
-    out: dict[str, Any] = {}
-    for key in totals[0] if totals else []:
-        values = [t[key] for t in totals]
-        out[key] = None if any(v is None for v in values) else round(sum(values), 6)
-    return out
 
 
 def _money(value: float | None, currency: str) -> str:

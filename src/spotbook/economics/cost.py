@@ -9,7 +9,7 @@ from typing import Any
 
 from .._models import INTERRUPTED_OUTCOMES
 from .._status import RunReport, describe
-from ..store.runstore import RunStore
+from ..store.runstore import JOB_RECORD, RunStore, point_url
 from .prices import Price, PriceTable
 
 HOUR = 3600.0
@@ -127,7 +127,8 @@ def run_cost(store: RunStore, prices: PriceTable, given: Machine | None = None) 
     a local run knows no provider, region or machine type)."""
     given = given or Machine()
     doc: RunReport = describe(store)
-    job = store.read_json("job.json") or {}
+    job = store.read_json(JOB_RECORD)
+    job = job if isinstance(job, dict) else {}  # (what it says is shown, never acted on)
     events = doc["downtime"]["preemptions"]
     lost = {e["attempt"]: e["split"]["until_stopped"] for e in events}
     # a killed attempt never recorded its end: bill it to its last progress (a lower
@@ -196,3 +197,37 @@ def run_cost(store: RunStore, prices: PriceTable, given: Machine | None = None) 
         currency=prices.currency,
         unknown=unknown,
     )
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    """What ``spotbook cost`` shows: a run's bill, or (``sweep``) every point's and their
+    sum."""
+
+    reports: list[CostReport]
+    sweep: bool = False
+
+    def totals(self) -> dict[str, Any]:
+        """The sum of the bills: a money total is unknown where any point's is."""
+        totals = [r.totals() for r in self.reports]
+        out: dict[str, Any] = {}
+        for key in totals[0] if totals else []:
+            values = [t[key] for t in totals]
+            out[key] = None if any(v is None for v in values) else round(sum(values), 6)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """A run's bill as ``CostReport.to_json``; a sweep's as its points and totals."""
+        if not self.sweep and len(self.reports) == 1:
+            return self.reports[0].to_json()
+        return {"points": [r.to_json() for r in self.reports], "totals": self.totals()}
+
+
+def cost_of(store: RunStore, prices: PriceTable, given: Machine | None = None) -> CostSummary:
+    """The bill of the run in ``store``, or, where ``store`` is a sweep's root, of every
+    point (named by its checked ``sweep.json``)."""
+    points = store.sweep_points()
+    if points is None:
+        return CostSummary([run_cost(store, prices, given)])
+    reports = [run_cost(RunStore(point_url(store.url, p.index)), prices, given) for p in points]
+    return CostSummary(reports, sweep=True)

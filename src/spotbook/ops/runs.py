@@ -54,7 +54,7 @@ def open_run(run: str, *, context: str | None = None, namespace: str | None = No
     """The run store of ``run``: a URL, a local run (path or id), or (by id) a Job on the
     cluster whose annotation names its store."""
     store = RunStore(resolve_run(run))
-    if store.exists("run.json") or is_url(run) or os.sep in run:
+    if store.exists("run.json") or store.exists(SWEEP_FILE) or is_url(run) or os.sep in run:
         return store
     try:
         cluster = cluster_for(context, namespace)

@@ -44,20 +44,22 @@ from ..kernel.helpers import recorded
 from ..kube.manifest import JobOptions
 from ..notebook.grid import varying
 from ..store.integrity import Key
-from ..store.runstore import SWEEP_FILE, RunStore, is_url, new_run_id, resolve_run
+from ..store.runstore import (
+    SWEEP_FILE,
+    RunStore,
+    SweepPoint,
+    is_url,
+    new_run_id,
+    point_url,
+    resolve_run,
+)
 from .submit import Submitted
 
 log = logging.getLogger(__name__)
 
-POINTS_DIR = "points"
 GIB = 1024**3
 
 Say = Callable[[str], None]
-
-
-def point_url(url: str, index: int) -> str:
-    """The run store of point ``index`` of the sweep at ``url``."""
-    return f"{url.rstrip('/')}/{POINTS_DIR}/{index}"
 
 
 @dataclass(frozen=True)
@@ -166,13 +168,14 @@ def prepare_sweep(
     root = RunStore(url)
     if root.exists("run.json"):
         raise UsageError(f"{url} holds a run, not a sweep; give the sweep its own --run-dir")
-    old = root.read_json(SWEEP_FILE)
     plain = [json.loads(json.dumps(dict(p))) for p in points]
-    if old is not None and not restart and [p.get("parameters") for p in old["points"]] != plain:
+    listed = None if restart else root.sweep_points()  # --restart writes it anew, as it is
+    if listed is not None and [p.parameters for p in listed] != plain:
         raise InputChangedError(
-            f"{url} holds a sweep over other points ({len(old['points'])} points); give "
+            f"{url} holds a sweep over other points ({len(listed)} points); give "
             "another --run-dir, or --restart to discard it and start this sweep there"
         )
+    old = root.read_json(SWEEP_FILE) if listed is not None else None
     notebook = request.notebook
     if isinstance(notebook, str) and not is_url(notebook):
         notebook = os.path.abspath(notebook)
@@ -195,16 +198,16 @@ def prepare_sweep(
     return str(sweep_id)
 
 
-def open_sweep(url: str) -> tuple[str, list[dict[str, Any]]]:
-    """(the sweep's URL, its points: index and parameters)."""
+def open_sweep(url: str) -> tuple[str, list[SweepPoint]]:
+    """(the sweep's URL, its points, checked)."""
     url = resolve_run(url).rstrip("/")
-    doc = RunStore(url).read_json(SWEEP_FILE)
-    if not isinstance(doc, dict) or not isinstance(doc.get("points"), list):
+    points = RunStore(url).sweep_points()
+    if points is None:
         raise RunNotFoundError(
             f"no sweep in {url} ({SWEEP_FILE} is missing); start one with "
             "`spotbook sweep NOTEBOOK --run-dir URL -p NAME V1,V2`"
         )
-    return url, doc["points"]
+    return url, points
 
 
 def point_results(store: RunStore) -> dict[str, Any]:
@@ -229,10 +232,10 @@ def sweep_status(url: str) -> SweepTable:
     url, points = open_sweep(url)
     rows = []
     for p in points:
-        i = int(p["index"])
+        i = p.index
         store = RunStore(point_url(url, i))
         if not store.exists("run.json"):
-            rows.append(PointRow(i, p["parameters"], "missing", 0, 0, 0, 0, {}, None, store.url))
+            rows.append(PointRow(i, p.parameters, "missing", 0, 0, 0, 0, {}, None, store.url))
             continue
         doc = describe(store)
         totals = doc["downtime"]["totals"]
@@ -244,7 +247,7 @@ def sweep_status(url: str) -> SweepTable:
         rows.append(
             PointRow(
                 index=i,
-                parameters=p["parameters"],
+                parameters=p.parameters,
                 status=doc["status"],
                 cells_done=doc["cells_done"],
                 cells_total=doc["cells_total"],
@@ -257,7 +260,7 @@ def sweep_status(url: str) -> SweepTable:
                 refused=refused,
             )
         )
-    return SweepTable(url, rows, varying([p["parameters"] for p in points]))
+    return SweepTable(url, rows, varying([p.parameters for p in points]))
 
 
 def run_points(
@@ -279,7 +282,7 @@ def run_points(
         raise UsageError("--parallel must be 1 or more")
     todo = []
     for p in listed:
-        i = int(p["index"])
+        i = p.index
         if points is not None and i not in points:
             continue
         store = RunStore(point_url(url, i))

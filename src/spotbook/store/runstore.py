@@ -78,6 +78,8 @@ T = TypeVar("T")
 LOCAL_RUNS = os.path.join(".spotbook", "runs")
 JOB_RECORD = "job.json"  # which cluster, namespace and Job run it (written by submit)
 SWEEP_FILE = "sweep.json"  # a sweep's points and options (at the sweep's root)
+POINTS_DIR = "points"  # a sweep's points' run stores: <sweep>/points/<i>
+_MAX_POINTS = 100_000
 # What a reader takes of one document before refusing it (a writer of the store could make
 # one of gigabytes): run.json, attempt and cell records, snapshot manifests are kilobytes
 # to a few megabytes; an attempt's records file holds every cell's outputs (images too).
@@ -297,6 +299,38 @@ class CellKey:
     def parse(cls, name: str) -> CellKey | None:
         m = _CELL_RE.match(name)
         return cls(int(m.group(1)), int(m.group(2))) if m else None
+
+
+def point_url(url: str, index: int) -> str:
+    """The run store of point ``index`` of the sweep at ``url``."""
+    return f"{url.rstrip('/')}/{POINTS_DIR}/{index}"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep, as its ``sweep.json`` lists it."""
+
+    index: int
+    parameters: dict[str, Any]
+
+
+def _sweep_point(where: str, n: int, item: Any) -> SweepPoint:
+    """Entry ``n`` of a sweep's points, checked: the point's store is named by its index."""
+    why = ""
+    if not isinstance(item, dict):
+        why = f"a JSON {type(item).__name__}, not an object"
+    elif not isinstance(item.get("index"), int) or isinstance(item.get("index"), bool):
+        why = "its index is not a whole number"
+    elif not 0 <= item["index"] < _MAX_POINTS:
+        why = f"its index {item['index']} is out of range"
+    elif not isinstance(item.get("parameters"), dict):
+        why = "its parameters are not a JSON object"
+    if why:
+        raise StoreIntegrityError(
+            f"{where}: point {n} is malformed ({why}); it was not used. Inspect the store, "
+            "or run the same `spotbook sweep` command with --restart to write it anew"
+        )
+    return SweepPoint(item["index"], item["parameters"])
 
 
 class RunStore:
@@ -628,6 +662,28 @@ class RunStore:
                 "or SPOTBOOK_SNAPSHOT_KEY_FILE (see docs/kubernetes.md)"
             )
         return Seal(key, sweep_id, self.url, fmt).check(JOB_RECORD, doc)
+
+    def sweep_points(self) -> list[SweepPoint] | None:
+        """The points of the sweep whose root this store is, checked (None: it holds no
+        sweep). A ``sweep.json`` that is not what ``spotbook sweep`` writes is refused
+        (StoreIntegrityError, exit 2) before any point is named from it."""
+        doc = self.read_json(SWEEP_FILE)
+        if doc is None:
+            return None
+        where = f"{self.url}/{SWEEP_FILE}"
+        points = doc.get("points") if isinstance(doc, dict) else None
+        if not isinstance(points, list) or len(points) > _MAX_POINTS:
+            raise StoreIntegrityError(
+                f"{where} holds no list of points; it was not used. Inspect the store, or "
+                "run the same `spotbook sweep` command with --restart to write it anew"
+            )
+        checked = [_sweep_point(where, n, item) for n, item in enumerate(points)]
+        if len({p.index for p in checked}) != len(checked):
+            raise StoreIntegrityError(
+                f"{where} lists a point twice; it was not used. Inspect the store, or run "
+                "the same `spotbook sweep` command with --restart to write it anew"
+            )
+        return checked
 
     def _sweep_id(self) -> str:
         sweep = self.read_json(SWEEP_FILE)
