@@ -177,30 +177,25 @@ def _wipe(work: Path, env: dict[str, str]) -> None:
         os.makedirs(env[var])
 
 
-@pytest.mark.parametrize("node", ["same", "wiped"])
-def test_kill_while_a_staged_snapshots_writer_runs(tmp_path: Path, node: str) -> None:
-    """The writer thread of a staged snapshot is caught writing a 256 MiB blob (inotify
-    tells its creation; writing it takes far longer than the kill), the node lost."""
-    work, go = tmp_path / "work", tmp_path / "go"
+def _killed_at_the_first_blob_after_cell_0(
+    tmp_path: Path, node: str, cells: tuple[str, ...]
+) -> tuple[Path, dict[str, str]]:
+    """Run ``cells`` staged, every cell snapshotted; once cell 0 is committed, lose the
+    node (the runner and its kernel SIGKILLed) the moment the next blob is created
+    (inotify tells it); on a ``wiped`` node, empty it. Returns the working directory
+    (the run store is ``rd`` in it) and the environment to resume with."""
+    work = tmp_path / "work"
     env = {"SPOTBOOK_SNAPSHOT_STAGED": "1"}
     for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
         env[var] = str(tmp_path / name)
         os.makedirs(env[var])
     work.mkdir()
-    cells = (
-        "import numpy as np\nstate = np.arange(2_000_000)",
-        "big = np.full(32 << 20, 7.0)  # 256 MiB, new: its blob is written by the thread\n"
-        "with open('side.txt', 'a') as fh:\n    fh.write('cell 1\\n')",
-        _gate(go) + "\nstate = state + 1",
-        "print(int(state.sum()), float(big.sum()), open('side.txt').read().count('cell 1'))",
-    )
     write_notebook(work / "nb.ipynb", *cells)
     proc = start_cli(
         "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
         cwd=work, env=env,
     )  # fmt: skip
     runner = psutil.Process(proc.pid)
-    blobs = work / "rd" / "state" / "blobs"
     wait_for(lambda: cells_committed(work / "rd") == 1, what="cell 0 committed")
 
     def lose_the_node() -> list[psutil.Process]:
@@ -209,15 +204,32 @@ def test_kill_while_a_staged_snapshots_writer_runs(tmp_path: Path, node: str) ->
             p.send_signal(signal.SIGKILL)
         return everyone
 
-    # the first blob created after cell 0's is big's (state's is there already)
+    blobs = work / "rd" / "state" / "blobs"
     everyone = on_created(blobs, lambda name: ".tmp-" in name, lose_the_node)
     proc.communicate(timeout=60)
     psutil.wait_procs(everyone, timeout=30)
-    snaps = sorted(p.name for p in (work / "rd" / "state" / "snap").iterdir())
-    assert len(snaps) == 1 and snaps[0].startswith("00000-"), snaps  # only cell 0's
     assert cells_committed(work / "rd") == 1
     if node == "wiped":
         _wipe(work, env)
+    return work, env
+
+
+@pytest.mark.parametrize("node", ["same", "wiped"])
+def test_kill_while_a_staged_snapshots_writer_runs(tmp_path: Path, node: str) -> None:
+    """The writer thread of a staged snapshot is caught writing a 256 MiB blob (inotify
+    tells its creation; writing it takes far longer than the kill), the node lost."""
+    go = tmp_path / "go"
+    cells = (
+        "import numpy as np\nstate = np.arange(2_000_000)",
+        "big = np.full(32 << 20, 7.0)  # 256 MiB, new: its blob is written by the thread\n"
+        "with open('side.txt', 'a') as fh:\n    fh.write('cell 1\\n')",
+        _gate(go) + "\nstate = state + 1",
+        "print(int(state.sum()), float(big.sum()), open('side.txt').read().count('cell 1'))",
+    )
+    # the first blob created after cell 0's is big's (state's is there already)
+    work, env = _killed_at_the_first_blob_after_cell_0(tmp_path, node, cells)
+    snaps = sorted(p.name for p in (work / "rd" / "state" / "snap").iterdir())
+    assert len(snaps) == 1 and snaps[0].startswith("00000-"), snaps  # only cell 0's
     go.touch()
     r = cli("resume", "rd", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
@@ -240,40 +252,15 @@ def test_a_snapshot_asked_with_its_cell_writes_nothing_before_the_cells_files_ar
     back before it runs again (it appends once, not twice). The cell prints 8 MiB, which
     the runner saves to the store before it notes the files: a writer that did not wait
     would have made its first blob long before."""
-    work, go = tmp_path / "work", tmp_path / "go"
-    env = {"SPOTBOOK_SNAPSHOT_STAGED": "1"}
-    for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
-        env[var] = str(tmp_path / name)
-        os.makedirs(env[var])
-    work.mkdir()
+    go = tmp_path / "go"
     cells = (
         "x = 1",
         "with open('side.txt', 'a') as fh:\n    fh.write('cell 1\\n')\n"
         "print('y' * (8 << 20))\nsmall = list(range(1000))",
         _gate(go) + "\nprint(open('side.txt').read().count('cell 1'), len(small))",
     )
-    write_notebook(work / "nb.ipynb", *cells)
-    proc = start_cli(
-        "run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot", "every-cell",
-        cwd=work, env=env,
-    )  # fmt: skip
-    runner = psutil.Process(proc.pid)
-    blobs = work / "rd" / "state" / "blobs"
-    wait_for(lambda: cells_committed(work / "rd") == 1, what="cell 0 committed")
-
-    def lose_the_node() -> list[psutil.Process]:
-        everyone = [runner, *runner.children(recursive=True)]
-        for p in everyone:
-            p.send_signal(signal.SIGKILL)
-        return everyone
-
     # the first blob created after cell 0 is committed is the snapshot after cell 1's
-    everyone = on_created(blobs, lambda name: ".tmp-" in name, lose_the_node)
-    proc.communicate(timeout=60)
-    psutil.wait_procs(everyone, timeout=30)
-    assert cells_committed(work / "rd") == 1
-    if node == "wiped":
-        _wipe(work, env)
+    work, env = _killed_at_the_first_blob_after_cell_0(tmp_path, node, cells)
     go.touch()
     r = cli("resume", "rd", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
