@@ -24,6 +24,7 @@ from spotbook.economics.simulate import (
     best_interval,
     run_once,
     simulate,
+    simulate_run,
     young_daly,
 )
 from spotbook.store.runstore import RunStore
@@ -493,3 +494,23 @@ def _cell_by_cell(
         out.finish += delay
     out.finish += out.billed
     return out
+
+
+@pytest.mark.parametrize(
+    ("numbers", "said"),
+    [
+        ({"delay": float("nan")}, "--delay must be a finite"),
+        ({"interval": 0.0}, "--interval must be a positive"),
+        ({"trials": 0}, "--trials must be 1 to 100000"),
+        ({"duration": float("inf")}, "at most a year"),
+        ({"hazard_per_hour": float("nan")}, "preemptions an hour"),
+    ],
+)
+def test_the_library_call_checks_simulates_numbers_before_reading_the_run(
+    tmp_path: Path, numbers: dict[str, Any], said: str
+) -> None:
+    """``spotbook simulate`` is one call, and a Python caller gets the command's checks:
+    refused before the run is read (there is none here)."""
+    asked: dict[str, Any] = {"hazard_per_hour": 1.0, "delay": 0.0, "trials": 10, **numbers}
+    with pytest.raises(UsageError, match=said):
+        simulate_run(RunStore(str(tmp_path / "none")), **asked)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from .._errors import UsageError
@@ -101,48 +100,19 @@ def _trace(path: str | None) -> list[float] | None:
         raise UsageError(f"--trace {path}: a file of preemption times in seconds ({exc})") from exc
 
 
-def _check_simulate_flags(args: argparse.Namespace) -> None:
-    """The numbers ``simulate`` takes, checked before any run is read (a NaN compares false
-    with every limit, so it would pass a plain range check)."""
-    if not (math.isfinite(args.delay) and args.delay >= 0):
-        raise UsageError(
-            f"--delay must be a finite number of seconds, zero or more, not {args.delay}"
-        )
-    if args.interval is not None and not (math.isfinite(args.interval) and args.interval > 0):
-        raise UsageError(
-            f"--interval must be a positive, finite number of seconds, not {args.interval}"
-        )
-    if not 1 <= args.trials <= MAX_TRIALS:
-        raise UsageError(f"--trials must be 1 to {MAX_TRIALS}, not {args.trials}")
-
-
-# bounds on what simulate is asked: past them it would run for hours or without end
-MAX_TRIALS = 100_000
-MAX_DURATION = 365 * 86400  # a year of node time
-MAX_HAZARD = 3600.0  # one preemption a second
-
-
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from ..economics.simulate import profile_from_run, simulate_strategies
+    from ..economics.simulate import simulate_run
 
-    _check_simulate_flags(args)
-    profile = profile_from_run(open_run(args.run))
-    duration = _duration(args.duration)
     hazard = _rate(args.hazard)
-    if duration is not None and duration > MAX_DURATION:
-        raise UsageError(f"--duration {args.duration}: at most a year (365d)")
-    if hazard > MAX_HAZARD:
-        raise UsageError(f"--hazard {args.hazard}: at most {MAX_HAZARD:g} preemptions an hour")
-    if duration is not None:
-        profile = profile.tiled(duration)
-    result = simulate_strategies(
-        profile,
+    result = simulate_run(
+        open_run(args.run),
         hazard_per_hour=hazard,
         delay=args.delay,
         trials=args.trials,
         seed=args.seed,
         interval=args.interval,
         trace=_trace(args.trace),
+        duration=_duration(args.duration),
     )
     doc = result.to_json()
     check = result.interval_check

@@ -45,6 +45,10 @@ from .._status import describe
 from ..store.runstore import RunStore
 
 HOUR = 3600.0
+# bounds on what simulate is asked: past them it would run for hours or without end
+MAX_TRIALS = 100_000
+MAX_DURATION = 365 * 86400  # a year of node time
+MAX_HAZARD = 3600.0  # one preemption a second
 
 
 @dataclass(frozen=True)
@@ -639,3 +643,45 @@ def simulate_strategies(
         else None
     )
     return Simulation(profile, hazard_per_hour, delay, estimates, check)
+
+
+def simulate_run(
+    store: RunStore,
+    *,
+    hazard_per_hour: float,
+    delay: float,
+    trials: int,
+    seed: int = 0,
+    interval: float | None = None,
+    trace: Sequence[float] | None = None,
+    duration: float | None = None,
+) -> Simulation:
+    """``spotbook simulate``: each strategy on the profile of the run in ``store`` (its
+    cells' compute and its measured snapshot, start and restore times), tiled to
+    ``duration`` seconds of compute if given. The numbers are checked before the run is
+    read (UsageError, exit 2): a NaN compares false with every limit, so a plain range
+    check would let it through."""
+    if not (math.isfinite(delay) and delay >= 0):
+        raise UsageError(f"--delay must be a finite number of seconds, zero or more, not {delay}")
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise UsageError(f"--interval must be a positive, finite number of seconds, not {interval}")
+    if not 1 <= trials <= MAX_TRIALS:
+        raise UsageError(f"--trials must be 1 to {MAX_TRIALS}, not {trials}")
+    if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_DURATION):
+        raise UsageError(f"--duration {duration:g} s: at most a year (365d)")
+    if not (math.isfinite(hazard_per_hour) and 0 <= hazard_per_hour <= MAX_HAZARD):
+        raise UsageError(
+            f"--hazard {hazard_per_hour:g}/h: at most {MAX_HAZARD:g} preemptions an hour"
+        )
+    profile = profile_from_run(store)
+    if duration is not None:
+        profile = profile.tiled(duration)
+    return simulate_strategies(
+        profile,
+        hazard_per_hour=hazard_per_hour,
+        delay=delay,
+        trials=trials,
+        seed=seed,
+        interval=interval,
+        trace=trace,
+    )
