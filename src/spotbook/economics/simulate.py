@@ -591,8 +591,8 @@ class Simulation:
         }
 
 
-def simulate_strategies(
-    profile: Profile,
+def simulate_run(
+    store: RunStore,
     *,
     hazard_per_hour: float,
     delay: float,
@@ -600,9 +600,30 @@ def simulate_strategies(
     seed: int = 0,
     interval: float | None = None,
     trace: Sequence[float] | None = None,
+    duration: float | None = None,
 ) -> Simulation:
-    """Each strategy on ``profile``: resume under the auto policy and at Young/Daly's
-    interval (and at ``interval``, if given), and restart from scratch."""
+    """``spotbook simulate``: each strategy on the profile of the run in ``store`` (its
+    cells' compute and its measured snapshot, start and restore times), tiled to
+    ``duration`` seconds of compute if given. The numbers are checked before the run is
+    read (UsageError, exit 2): a NaN compares false with every limit, so a plain range
+    check would let it through."""
+    if not (math.isfinite(delay) and delay >= 0):
+        raise UsageError(f"--delay must be a finite number of seconds, zero or more, not {delay}")
+    if interval is not None and not (math.isfinite(interval) and interval > 0):
+        raise UsageError(f"--interval must be a positive, finite number of seconds, not {interval}")
+    if not 1 <= trials <= MAX_TRIALS:
+        raise UsageError(f"--trials must be 1 to {MAX_TRIALS}, not {trials}")
+    if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_DURATION):
+        raise UsageError(f"--duration {duration:g} s: at most a year (365d)")
+    if not (math.isfinite(hazard_per_hour) and 0 <= hazard_per_hour <= MAX_HAZARD):
+        raise UsageError(
+            f"--hazard {hazard_per_hour:g}/h: at most {MAX_HAZARD:g} preemptions an hour"
+        )
+    profile = profile_from_run(store)
+    if duration is not None:
+        profile = profile.tiled(duration)
+    # resume under the auto policy and at Young/Daly's interval (and at ``interval``, if
+    # given), and restart from scratch
     mtbf = HOUR / hazard_per_hour if hazard_per_hour else float("inf")
     optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard_per_hour else None
     rows: list[tuple[str, str, float | None]] = [
@@ -643,45 +664,3 @@ def simulate_strategies(
         else None
     )
     return Simulation(profile, hazard_per_hour, delay, estimates, check)
-
-
-def simulate_run(
-    store: RunStore,
-    *,
-    hazard_per_hour: float,
-    delay: float,
-    trials: int,
-    seed: int = 0,
-    interval: float | None = None,
-    trace: Sequence[float] | None = None,
-    duration: float | None = None,
-) -> Simulation:
-    """``spotbook simulate``: each strategy on the profile of the run in ``store`` (its
-    cells' compute and its measured snapshot, start and restore times), tiled to
-    ``duration`` seconds of compute if given. The numbers are checked before the run is
-    read (UsageError, exit 2): a NaN compares false with every limit, so a plain range
-    check would let it through."""
-    if not (math.isfinite(delay) and delay >= 0):
-        raise UsageError(f"--delay must be a finite number of seconds, zero or more, not {delay}")
-    if interval is not None and not (math.isfinite(interval) and interval > 0):
-        raise UsageError(f"--interval must be a positive, finite number of seconds, not {interval}")
-    if not 1 <= trials <= MAX_TRIALS:
-        raise UsageError(f"--trials must be 1 to {MAX_TRIALS}, not {trials}")
-    if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_DURATION):
-        raise UsageError(f"--duration {duration:g} s: at most a year (365d)")
-    if not (math.isfinite(hazard_per_hour) and 0 <= hazard_per_hour <= MAX_HAZARD):
-        raise UsageError(
-            f"--hazard {hazard_per_hour:g}/h: at most {MAX_HAZARD:g} preemptions an hour"
-        )
-    profile = profile_from_run(store)
-    if duration is not None:
-        profile = profile.tiled(duration)
-    return simulate_strategies(
-        profile,
-        hazard_per_hour=hazard_per_hour,
-        delay=delay,
-        trials=trials,
-        seed=seed,
-        interval=interval,
-        trace=trace,
-    )
