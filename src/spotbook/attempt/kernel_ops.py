@@ -120,8 +120,9 @@ class KernelOps:
         """The expression that asks for a staged snapshot with a cell's own execute request
         (one of its user expressions: evaluated after the cell's code, if that raised
         nothing). Its value comes back in the reply: :meth:`expression_answer`. The kernel
-        makes the file ``begun`` as it starts: the cell's code had ended. Its writer
-        writes nothing until :meth:`release_writer` lets it go at ``gate``."""
+        makes the file ``begun`` as it starts: the cell's code had ended. Where the cell
+        opened files for writing, its writer writes nothing until :meth:`release_writer`
+        lets it go at ``gate`` (elsewhere there is no gate, and releasing it does nothing)."""
         return _call("snapshot_after_cell", blob_dir, result_path, begun, gate)
 
     @staticmethod

@@ -587,14 +587,15 @@ def snapshot_after_cell(blob_dir: str, result_path: str, begun: str, gate: str) 
     a request's round trip less in the pause. What it prints is not the cell's output
     (:func:`_outputs_apart`), as a silent request's was not. It makes the file ``begun``
     first: should the kernel die in it, the runner knows that the cell's code had ended
-    and the snapshot killed it, not the cell. Its writer waits at ``gate`` (a
-    :class:`_Gate`) until the runner has noted in the store the files the cell wrote:
-    a run killed while the snapshot is written must give them back to the cell that then
-    runs again (one appending to a file would append twice)."""
+    and the snapshot killed it, not the cell. Where the cell opened files for writing,
+    its writer waits at ``gate`` (a :class:`_Gate`) until the runner has noted them in the
+    store: a run killed while the snapshot is written must give them back to the cell
+    that then runs again (one appending to a file would append twice). Where it opened
+    none, there is no note to wait for, and the writer starts as the reply goes out."""
     with open(begun, "x"):
         pass
     with _outputs_apart():
-        return snapshot_staged(blob_dir, result_path, gate)
+        return snapshot_staged(blob_dir, result_path, gate if _undo else "")
 
 
 # the request that what a snapshot prints is sent as the output of: none the runner asked
