@@ -578,6 +578,21 @@ def cell_separator(kind: str, content: dict[str, Any]) -> str | None:
     return None
 
 
+def output_line(kind: str, content: dict[str, Any]) -> str:
+    """What papermill's --log-output shows for one of a run's outputs, ending in a newline
+    ("" for none): a cell's separator, the text an output printed, or an error's name and
+    value."""
+    separator = cell_separator(kind, content)
+    if separator is not None:
+        return separator + "\n"
+    if kind == "error":
+        text = f"{content.get('ename')}: {content.get('evalue')}"
+    else:
+        text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
+        text = "".join(text) if isinstance(text, list) else str(text)
+    return text if not text or text.endswith("\n") else f"{text}\n"
+
+
 def _log_output(kind: str, content: dict[str, Any]) -> None:
     separator = cell_separator(kind, content)
     if separator is not None:

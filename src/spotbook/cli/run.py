@@ -15,9 +15,9 @@ from typing import Any
 from .._api import (
     OutputHandler,
     RunStarted,
-    cell_separator,
     inspect_notebook,
     notebook_parameters,
+    output_line,
     outputs_to,
     resume_run,
     run_here,
@@ -43,15 +43,9 @@ log = logging.getLogger("spotbook")
 
 
 def _echo_output(kind: str, content: dict[str, Any]) -> None:
-    separator = cell_separator(kind, content)
-    if separator is not None:
-        print(separator, file=sys.stderr, flush=True)
-        return
-    text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
-    if kind == "error":
-        text = f"{content.get('ename')}: {content.get('evalue')}\n"
-    if text:
-        sys.stderr.write(text if str(text).endswith("\n") else f"{text}\n")
+    line = output_line(kind, content)
+    if line:
+        sys.stderr.write(line)
         sys.stderr.flush()
 
 

@@ -315,23 +315,15 @@ def stream_logs(
     first, with ``all_pods``), a run here's cell outputs between papermill's --log-output
     separators. ``follow``: go on while the run does (a submitted run's pod waited for up
     to ``pod_wait`` seconds while it is pending). Reads sealed records only."""
-    from .._api import cell_separator
+    from .._api import output_line
 
     store = _store(run, context, namespace)
     record = store.job_record()  # checks run.json's seal where it is a Job's
     if record is None:
         for kind, content in run_outputs(store, follow=follow):
-            separator = cell_separator(kind, content)
-            if separator is not None:
-                yield LogEvent("line", separator + "\n")
-                continue
-            if kind == "error":
-                text = f"{content.get('ename')}: {content.get('evalue')}"
-            else:
-                text = content.get("text") or (content.get("data") or {}).get("text/plain", "")
-                text = "".join(text) if isinstance(text, list) else str(text)
-            if text:
-                yield LogEvent("line", text if text.endswith("\n") else f"{text}\n")
+            line = output_line(kind, content)
+            if line:
+                yield LogEvent("line", line)
         return
     run_id = store.require_run()["spec"]["run_id"]
     with cluster_for(context, namespace, record) as cluster:

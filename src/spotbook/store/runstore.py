@@ -80,6 +80,10 @@ JOB_RECORD = "job.json"  # which cluster, namespace and Job run it (written by s
 SWEEP_FILE = "sweep.json"  # a sweep's points and options (at the sweep's root)
 POINTS_DIR = "points"  # a sweep's points' run stores: <sweep>/points/<i>
 _MAX_POINTS = 100_000
+_SWEEP_MEND = (
+    "it was not used. Inspect the store, or run the same `spotbook sweep` command with "
+    "--restart to write it anew"
+)
 # What a reader takes of one document before refusing it (a writer of the store could make
 # one of gigabytes): run.json, attempt and cell records, snapshot manifests are kilobytes
 # to a few megabytes; an attempt's records file holds every cell's outputs (images too).
@@ -326,10 +330,7 @@ def _sweep_point(where: str, n: int, item: Any) -> SweepPoint:
     elif not isinstance(item.get("parameters"), dict):
         why = "its parameters are not a JSON object"
     if why:
-        raise StoreIntegrityError(
-            f"{where}: point {n} is malformed ({why}); it was not used. Inspect the store, "
-            "or run the same `spotbook sweep` command with --restart to write it anew"
-        )
+        raise StoreIntegrityError(f"{where}: point {n} is malformed ({why}); {_SWEEP_MEND}")
     return SweepPoint(item["index"], item["parameters"])
 
 
@@ -673,16 +674,10 @@ class RunStore:
         where = f"{self.url}/{SWEEP_FILE}"
         points = doc.get("points") if isinstance(doc, dict) else None
         if not isinstance(points, list) or len(points) > _MAX_POINTS:
-            raise StoreIntegrityError(
-                f"{where} holds no list of points; it was not used. Inspect the store, or "
-                "run the same `spotbook sweep` command with --restart to write it anew"
-            )
+            raise StoreIntegrityError(f"{where} holds no list of points; {_SWEEP_MEND}")
         checked = [_sweep_point(where, n, item) for n, item in enumerate(points)]
         if len({p.index for p in checked}) != len(checked):
-            raise StoreIntegrityError(
-                f"{where} lists a point twice; it was not used. Inspect the store, or run "
-                "the same `spotbook sweep` command with --restart to write it anew"
-            )
+            raise StoreIntegrityError(f"{where} lists a point twice; {_SWEEP_MEND}")
         return checked
 
     def _sweep_id(self) -> str:
