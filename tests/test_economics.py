@@ -261,6 +261,26 @@ TOLERANCE = 0.2  # measured billed time against the simulator's, for the same ti
 
 
 @pytest.mark.slow
+def test_chaos_exits_1_and_names_each_strategy_whose_run_failed(work: Path) -> None:
+    # a cell that passes once only (it appends to a file beside the notebook): the
+    # baseline passes, then each strategy's run fails in its first attempt, before any
+    # preemption; its cost compares nothing, and the command says so and exits 1
+    mark = str(work / "ran-once")
+    write_notebook(
+        work / "once.ipynb",
+        f"with open({mark!r}, 'a') as f:\n    f.write('x')\nassert open({mark!r}).read() == 'x'",
+    )
+    (work / "trace.txt").write_text("60\n")
+    r = cli("chaos", "once.ipynb", "--trace", "trace.txt", "--work", "ch", "--json", cwd=work,
+            timeout=600)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert {n: s["exit_code"] for n, s in doc["strategies"].items()} == {"resume": 1, "restart": 1}
+    for name in ("resume", "restart"):
+        assert f"the {name} run failed (exit 1; its error is above)" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
 def test_chaos_agrees_with_the_simulator(work: Path) -> None:
     # 12 cells of 0.5 s (6 s of sleeps) and kills 6 s apart: a restart (a start, 6 s of
     # cells, the output) never finishes between two; a resume gets 3-4.5 s of cells done

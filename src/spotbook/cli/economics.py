@@ -171,7 +171,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         say=_say,
     )
     doc = report.to_json()
-    failed = {n: r["exit_code"] for n, r in doc["strategies"].items() if r["exit_code"]}
+    failed = report.failed
     for name, code in failed.items():
         print(
             f"spotbook: error: the {name} run failed (exit {code}; its error is above): "

@@ -77,6 +77,12 @@ class ChaosReport:
     # inside this band, not away from the simulator
     band: dict[str, tuple[float, float]] = field(default_factory=dict)
 
+    @property
+    def failed(self) -> dict[str, int]:
+        """The strategies whose run failed, and its exit code: their cost compares
+        nothing (``spotbook chaos`` then exits 1)."""
+        return {r.strategy: r.exit_code for r in self.runs if r.exit_code}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "baseline_seconds": round(self.baseline_seconds, 3),
