@@ -36,6 +36,18 @@ def test_submit_status_and_cancel_from_python(
         spotbook.submit_notebook("sleepy.ipynb", JobOptions(run_id="", run_dir="rd", image="i"))
     dry = spotbook.job_manifest("sleepy.ipynb", job, parameters={"n": 3})
     assert dry["kind"] == "Job" and not (work / "runs").exists() and not kube.objects("jobs")
+    # the same call as a submit, dry: the Job it would create, and what a reviewer should
+    # hear (this job asks for no memory); nothing written, nothing sent, no cluster asked
+    heard: list[str] = []
+    asked = len(kube.state()["dry_runs"])
+    request = spotbook.RunRequest("sleepy.ipynb", None, parameters={"n": 3})
+    seen = spotbook.submit(request, job, dry_run=True, warn=heard.append)
+    assert seen.manifest["kind"] == "Job" and seen.job == seen.manifest["metadata"]["name"]
+    assert (seen.url, seen.context) == (job.run_dir, "") and len(heard) == 1, heard
+    assert "--memory" in heard[0] and not (work / "runs").exists()
+    assert not kube.objects("jobs") and len(kube.state()["dry_runs"]) == asked
+    with pytest.raises(spotbook.SpotbookError, match=r"absent\.ipynb"):
+        spotbook.submit(spotbook.RunRequest("absent.ipynb", None), job, dry_run=True)
 
     done = spotbook.submit_notebook("sleepy.ipynb", job, parameters={"n": 3})
     (created,) = kube.objects("jobs")

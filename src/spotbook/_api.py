@@ -282,6 +282,17 @@ def prepare(
     return store
 
 
+def parameterized_notebook(request: RunRequest) -> tuple[str, nbs.Notebook, str]:
+    """(where it was read, the notebook with ``request``'s parameters injected, its
+    language): what a run of ``request`` freezes, read and checked; nothing written."""
+    params = dict(request.parameters)
+    where, data = _input(parameterize_path(request.notebook, params))
+    nb = nbs.parse(data, repr(where))
+    language = request.language or nbs.kernel_language(nb)
+    _warn_unknown_parameters(nb, params, language, where)
+    return where, nbs.inject_parameters(nb, params, request.kernel_name, language), language
+
+
 def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str | None) -> RunStore:
     """Freeze the parameterised notebook of ``request`` into a run store (or reopen a
     matching one).
@@ -297,14 +308,10 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
     """
     r = request
     params = dict(r.parameters)
-    where, data = _input(parameterize_path(r.notebook, params))
+    where, nb, language = parameterized_notebook(r)
     output_path = _path(parameterize_path(r.output, params))
     source = _abs(where) if where != "<NotebookNode>" else where
     assert source is not None
-    nb = nbs.parse(data, repr(where))
-    language = r.language or nbs.kernel_language(nb)
-    _warn_unknown_parameters(nb, params, language, where)
-    nb = nbs.inject_parameters(nb, params, r.kernel_name, language)
     if language != "python" and not r.prepare_only:
         raise UsageError(
             f"this is a {language} notebook: spotbook runs Python notebooks only (it "

@@ -12,7 +12,7 @@ from .._errors import UsageError
 from ..kube.manifest import JobOptions
 from ..ops.fallback import FallbackPolicy
 from ..ops.runs import cancel_run, recover_run, stream_logs
-from .run import _check_engine, _limits, _parameters, _stdin_notebook, run_request
+from .run import _check_engine, _limits, run_request
 
 log = logging.getLogger("spotbook")
 
@@ -100,36 +100,23 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from ..ops.runs import wait_for_job
-    from ..ops.submit import (
-        check_locations,
-        job_manifest,
-        submit,
-        submit_warnings,
-    )
+    from ..ops.submit import check_locations, submit
 
-    check_locations(args.run_dir, args.output)
+    check_locations(args.run_dir, args.output)  # before the other flags: the first need
     job = job_options(args)
-    for warning in submit_warnings(job, args.max_preemptions):
-        print(f"spotbook: warning: {warning}", file=sys.stderr)
     _check_engine(args)
-    if args.dry_run:
-        notebook = _stdin_notebook(args)
-        manifest = job_manifest(
-            notebook if isinstance(notebook, str) else json.dumps(notebook).encode(),
-            job,
-            parameters=_parameters(args),
-            kernel_name=args.kernel,
-            language=args.language,
-        )
-        _print_manifest(manifest, args.output_format)
-        return 0
     submitted = submit(
         run_request(args),
         job,
         context=args.context,
         namespace=args.namespace,
         fallback=fallback_policy(args),
+        dry_run=args.dry_run,
+        warn=_warn,
     )
+    if args.dry_run:
+        _print_manifest(submitted.manifest, args.output_format)
+        return 0
     url = submitted.url
     print(
         f"spotbook: submitted run {submitted.run_id} as Job {submitted.job} in namespace "
@@ -143,6 +130,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return wait_for_job(
         submitted, say=lambda line: print(f"spotbook: {line}", file=sys.stderr, flush=True)
     )
+
+
+def _warn(line: str) -> None:
+    print(f"spotbook: warning: {line}", file=sys.stderr)
 
 
 def _print_manifest(manifest: dict[str, Any], fmt: str) -> None:

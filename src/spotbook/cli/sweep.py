@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import io
 import json
 import sys
@@ -79,40 +78,26 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace, points: list[dict[str, Any]], common: RunRequest) -> int:
     from ..ops.runs import wait_for_job
-    from ..ops.submit import check_locations, job_manifest, submit_warnings
+    from ..ops.submit import check_locations
     from .cluster import _print_manifest, job_options
 
     if not args.image:
         raise UsageError("spotbook sweep --submit needs --image (submit's flags apply)")
-    check_locations(args.run_dir, args.output)
-    job = dataclasses.replace(
-        job_options(args),
-        points=len(points),
-        parallelism=args.parallel,
-        max_failed_points=args.max_failed_points,
-    )
-    for warning in submit_warnings(job, args.max_preemptions):
-        _say(f"warning: {warning}")
-    if args.dry_run:
-        # the notebook takes the first point's parameters; nothing is written or sent
-        manifest = job_manifest(
-            args.input,
-            job,
-            parameters=points[0],
-            kernel_name=args.kernel,
-            language=args.language,
-        )
-        _print_manifest(manifest, args.output_format)
-        return 0
+    check_locations(args.run_dir, args.output)  # before the other flags: the first need
     done = submit_sweep(
         common,
-        job,
+        job_options(args),
         points,
         parallelism=args.parallel,
         max_failed_points=args.max_failed_points,
         context=args.context,
         namespace=args.namespace,
+        dry_run=args.dry_run,
+        warn=lambda line: _say(f"warning: {line}"),
     )
+    if args.dry_run:  # the notebook took the first point's parameters; nothing written
+        _print_manifest(done.manifest, args.output_format)
+        return 0
     _say(
         f"submitted sweep {done.run_id} ({len(points)} points) as Indexed Job {done.job} in "
         f"namespace {done.namespace} (context {done.context}); store {done.url}\n"

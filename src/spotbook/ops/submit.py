@@ -8,14 +8,21 @@ the run key kept in a Kubernetes Secret (the pod checks the store with it), and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import UsageError
 from .._models import Limits, RunRequest, SnapshotPolicy
-from ..kube.manifest import DEFAULT_KEY_SECRET, JobOptions, build_job, secret_looking
+from ..kube.manifest import (
+    DEFAULT_KEY_SECRET,
+    DEFAULT_MAX_PREEMPTIONS,
+    JobOptions,
+    build_job,
+    secret_looking,
+)
 from ..store.runstore import is_url
 from .fallback import FallbackPolicy
 from .jobs import cluster_for, new_job_record
@@ -72,7 +79,7 @@ def check_locations(run_dir: str | None, output: str | None) -> None:
 
 
 def job_manifest(
-    notebook: str | bytes,
+    notebook: str | bytes | Mapping[str, Any],
     job: JobOptions,
     *,
     parameters: Mapping[str, Any] | None = None,
@@ -81,16 +88,47 @@ def job_manifest(
 ) -> dict[str, Any]:
     """The Job ``submit_notebook`` would create (``--dry-run``), after checking that the
     notebook takes the parameters; nothing is written, nothing sent."""
-    from ..notebook import document as nbs
-    from ..store.runstore import new_run_id, read_url
-
-    check_locations(job.run_dir, None)
-    data, name = (
-        (notebook, "stdin") if isinstance(notebook, bytes) else (read_url(notebook), notebook)
+    if isinstance(notebook, bytes):
+        try:
+            notebook = json.loads(notebook)
+        except ValueError as exc:
+            raise UsageError(f"the notebook given is not JSON ({exc})") from None
+    request = RunRequest(
+        notebook,
+        None,
+        parameters=dict(parameters or {}),
+        kernel_name=kernel_name,
+        language=language,
     )
-    nb = nbs.parse(data, repr(name))
-    nbs.inject_parameters(nb, dict(parameters or {}), kernel_name, language)
-    return build_job(dataclasses.replace(job, run_id=new_run_id()))
+    return submit(request, job, dry_run=True).manifest
+
+
+def check_submit(request: RunRequest, job: JobOptions, warn: Callable[[str], None] | None) -> None:
+    """What a submit must refuse before the cluster is asked, and what it warns of."""
+    check_locations(job.run_dir, None if request.output is None else str(request.output))
+    limit = request.limits.max_preemptions
+    for warning in submit_warnings(job, DEFAULT_MAX_PREEMPTIONS if limit is None else limit):
+        (warn or log.warning)(warning)
+
+
+def would_submit(request: RunRequest, job: JobOptions) -> Submitted:
+    """The Job a submit would create, as kubectl's ``--dry-run=client`` shows one: the
+    notebook is read and takes its parameters; nothing is written, nothing sent (no
+    cluster is asked, so ``context`` is empty)."""
+    from .._api import parameterized_notebook
+    from ..store.runstore import new_run_id
+
+    parameterized_notebook(request)
+    job = dataclasses.replace(job, run_id=new_run_id())
+    manifest = build_job(job)
+    return Submitted(
+        run_id=job.run_id,
+        url=job.run_dir,
+        job=manifest["metadata"]["name"],
+        namespace=job.namespace,
+        context="",
+        manifest=manifest,
+    )
 
 
 def for_cluster(
@@ -163,16 +201,21 @@ def submit(
     context: str | None = None,
     namespace: str | None = None,
     fallback: FallbackPolicy | None = None,
+    dry_run: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> Submitted:
     """Freeze ``request``'s notebook into the run store ``job.run_dir`` (a bucket URL) and
     create its Job in ``namespace`` (default: the context's). ``job`` says what the pod
     gets (image, GPU, spot, resources, secrets); its ``run_id``, ``namespace``, ``grace``
     and ``source`` are filled in here. The cluster is asked before anything is written,
-    so a bad context or namespace leaves no run behind."""
+    so a bad context or namespace leaves no run behind. ``warn`` hears what a reviewer
+    of the Job should (default: logged); ``dry_run``: only the Job it would create
+    (``Submitted.manifest``), nothing written or sent."""
     from .._api import prepare
 
-    output = None if request.output is None else str(request.output)
-    check_locations(job.run_dir, output)
+    check_submit(request, job, warn)
+    if dry_run:
+        return would_submit(request, job)
     with cluster_for(context, namespace) as cluster:
         job, key = for_cluster(cluster, job, request.limits, request.notebook)
         request = dataclasses.replace(request, run_dir=job.run_dir)

@@ -423,19 +423,26 @@ def submit_sweep(
     max_failed_points: int | None = None,
     context: str | None = None,
     namespace: str | None = None,
+    dry_run: bool = False,
+    warn: Callable[[str], None] | None = None,
 ) -> Submitted:
     """Freeze ``request``'s notebook at every point into ``job.run_dir/points/<i>`` (a
     bucket URL), sealed with the cluster's run key, and create one Indexed Job: pod ``i``
     runs point ``i``, a preempted pod is replaced for its point alone, and a failing point
-    fails only itself (``max_failed_points`` of them stop the Job; default: none do)."""
+    fails only itself (``max_failed_points`` of them stop the Job; default: none do).
+    ``warn`` and ``dry_run`` as for ``submit`` (the dry run checks that the notebook takes
+    the first point's parameters)."""
     from ..kube.manifest import build_job
     from .jobs import cluster_for, new_job_record
-    from .submit import check_locations, for_cluster
+    from .submit import check_submit, for_cluster, would_submit
 
-    check_locations(job.run_dir, None if request.output is None else str(request.output))
+    check_submit(request, job, warn)
     job = dataclasses.replace(
         job, points=len(points), parallelism=parallelism, max_failed_points=max_failed_points
     )
+    if dry_run:
+        first = dict(points[0]) if points else {}
+        return would_submit(dataclasses.replace(request, parameters=first), job)
     with cluster_for(context, namespace) as cluster:
         job, key = for_cluster(cluster, job, request.limits, request.notebook)
         sweep_id = prepare_sweep(request, job.run_dir, points, key=key, here=False)
