@@ -13,7 +13,17 @@ import pytest
 
 import spotbook
 
-from .conftest import NOTEBOOKS, SHARED, cells_committed, cli, comparable, kill, load, wait_for
+from .conftest import (
+    NOTEBOOKS,
+    SHARED,
+    cells_committed,
+    cli,
+    comparable,
+    kill,
+    load,
+    start_cli,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -363,6 +373,28 @@ def test_a_resume_reads_its_run_json_once(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.chdir(tmp_path)
     assert main(["resume", str(rd), "--no-progress-bar"]) == 0
     assert reads.count("run.json") == 1, reads
+
+
+def test_the_same_command_on_an_interrupted_run_reads_its_run_json_once(
+    work: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the run is looked for and its seal checked once; the start line's "interrupted with
+    # N of M cells done" comes from what the attempt has read, not from a second status
+    # (run.json, the notebook and job.json read again). Not run on a wiped node too: it
+    # counts this process's reads of the store, which a wiped node does not change
+    from spotbook.cli.main import main
+
+    rd = work / "rd"
+    runner = start_cli("run", "sleepy.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work)
+    wait_for(lambda: cells_committed(rd) >= 2, what="2 cells")
+    kill(runner)
+    reads = _store_reads(monkeypatch)
+    monkeypatch.chdir(work)
+    assert main(["run", "sleepy.ipynb", "out.ipynb", "--run-dir", "rd", "--no-progress-bar"]) == 0
+    err = capsys.readouterr().err
+    assert "continuing run " in err and " interrupted with " in err, err
+    assert reads.count("run.json") == 1 and "job.json" not in reads, reads
+    assert reads.count("input.ipynb") == 2, reads  # the seal's check, then the runner's
 
 
 def test_resume_run_api(tmp_path: Path) -> None:

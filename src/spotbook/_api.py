@@ -169,10 +169,10 @@ def _warn_unknown_parameters(nb: Any, params: Mapping[str, Any], language: str, 
             log.warning("Passed unknown parameter: %s%s", name, hint)
 
 
-def _identity(nb: Any, output: str | None, kernel: str | None, cwd: str | None) -> str:
-    """What defines a run made without --run-dir: the parameterised notebook's content,
-    OUTPUT, the kernel and the working directory."""
-    parts = [nbs.content_hash(nb), _abs(output) or "", nbs.kernel_name(nb, kernel), _abs(cwd) or ""]
+def _identity(content: str, output: str | None, kernel: str, cwd: str | None) -> str:
+    """What defines a run made without --run-dir: the parameterised notebook's content
+    hash, OUTPUT and the working directory (absolute), and the kernel."""
+    parts = [content, output or "", kernel, cwd or ""]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -326,8 +326,10 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
         check_writable(output_path)
     if r.cwd is not None and not os.path.isdir(r.cwd):
         raise UsageError(f"--cwd {r.cwd!r} is not a directory")
+    kernel, content = nbs.kernel_name(nb, r.kernel_name), nbs.content_hash(nb)
+    output, cwd = _abs(output_path), _abs(r.cwd)
     if here and not r.prepare_only:
-        check_kernel(nbs.kernel_name(nb, r.kernel_name))
+        check_kernel(kernel)
     run_id = new_run_id()
     identity = None
     if r.run_dir:
@@ -336,7 +338,7 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
         url = os.path.join(runs_dir, run_id) if runs_dir else resolve_run(run_id)
         # the same command again continues the run it interrupted, as a batch user reruns
         # a crashed job; after it succeeded (or failed) it is a new run, as papermill's
-        identity = _identity(nb, output_path, r.kernel_name, r.cwd)
+        identity = _identity(content, output, kernel, cwd)
         earlier = None if r.restart or r.prepare_only else _interrupted_run(url, identity)
         if earlier is not None:
             url = earlier
@@ -345,11 +347,11 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
     spec = RunSpec(
         run_id=run_id,
         source=source,
-        output=_abs(output_path),
+        output=output,
         parameters=params,
-        kernel_name=nbs.kernel_name(nb, r.kernel_name),
-        cwd=_abs(r.cwd),
-        input_sha256=nbs.content_hash(nb),
+        kernel_name=kernel,
+        cwd=cwd,
+        input_sha256=content,
         limits=r.limits,
         snapshot=r.snapshot,
         hash_seed=os.environ.get("PYTHONHASHSEED") or str(secrets.randbelow(2**32)),
@@ -361,7 +363,7 @@ def _freeze(request: RunRequest, *, key: Key | None, here: bool, runs_dir: str |
     if existing is not None and not r.restart:
         # Only a run whose seal holds is continued: re-sealing must not vouch for
         # what someone without the key wrote.
-        existing = store.unseal(strict=r.strict_resume)
+        existing = store.unseal(strict=r.strict_resume, run=store.valid_run(existing))
         old = RunSpec.from_json(existing["spec"], f"{url}/run.json")
         if old.input_sha256 != spec.input_sha256:
             raise InputChangedError(
@@ -447,7 +449,8 @@ def run_attempt(
     reaches it), before its kernel starts; ``continues``: say from where it continues."""
     runner = Runner(store, options, run=run)
     if on_start is not None:
-        on_start(_started(store, runner.spec.run_id, continues=continues))
+        read = (runner.run_doc, runner.nb) if continues else None
+        on_start(_started(store, runner.spec.run_id, read))
     try:
         try:
             asyncio.get_running_loop()
@@ -629,15 +632,15 @@ class RunStarted:
 OnStart = Callable[[RunStarted], None]
 
 
-def _started(store: RunStore, run_id: str, *, continues: bool) -> RunStarted:
-    """The run in ``store`` as it starts; ``continues``: say whether it continues an
-    interrupted run (one frozen by --prepare-only runs nothing, so continues nothing)."""
-    from ._status import describe
+def _started(
+    store: RunStore, run_id: str, continued: tuple[dict[str, Any], Any] | None = None
+) -> RunStarted:
+    """The run in ``store`` as it starts; ``continued``: its run.json (checked) and frozen
+    notebook as the attempt read them, to say whether it continues an interrupted run (one
+    frozen by --prepare-only runs nothing, so continues nothing)."""
+    from ._status import interrupted_at
 
-    doc = describe(store) if continues and store.attempts() else None
-    at = None
-    if doc is not None and doc["status"] == RunStatus.INTERRUPTED.value:
-        at = (doc["cells_done"], doc["cells_total"])
+    at = None if continued is None else interrupted_at(store, *continued)
     return RunStarted(run_id, store.url, store, at)
 
 
@@ -660,7 +663,7 @@ def run_here(
         return run_attempt(store, options, store.checked_run, on_start=on_start, continues=True)
     run = store.checked_run or store.require_run()
     if on_start is not None:
-        on_start(_started(store, run["spec"]["run_id"], continues=False))
+        on_start(_started(store, run["spec"]["run_id"]))
     raw = store.read("input.ipynb")
     assert raw is not None  # prepare wrote it
     nb = nbs.load_frozen(raw)

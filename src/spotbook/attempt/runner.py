@@ -116,6 +116,7 @@ class Runner:
         else:
             run = checked
             store.refuse_links()  # as unseal does: nothing is read through a link
+        self.run_doc = run  # run.json, its seal checked
         self.spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
         raw = store.read("input.ipynb")
         assert store.seal is not None

@@ -505,7 +505,11 @@ class RunStore:
 
     # -- run ---------------------------------------------------------------
     def require_run(self) -> dict[str, Any]:
-        data = self.read_json("run.json")
+        return self.valid_run(self.read_json("run.json"))
+
+    def valid_run(self, data: Any) -> dict[str, Any]:
+        """run.json as ``read_json`` gave it, refused unless it holds a run (exit 2; none
+        at all: no run here), its fields outside the seal of their types."""
         if data is None:
             raise RunNotFoundError(f"no spotbook run at {self.url}; list runs with `spotbook runs`")
         if not isinstance(data, dict):
