@@ -57,7 +57,7 @@ class Run:
         self.landed: dict[int, asyncio.Event] = {}
         self.script = Script()
         self._spy(self.store)
-        self.runner = Runner(
+        self.runner = Runner.open(
             self.store,
             RunnerOptions(
                 kernel_factory=functools.partial(FakeKernel, script=self.script),

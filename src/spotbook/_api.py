@@ -447,7 +447,7 @@ def run_attempt(
     Jupyter); a failed cell raises a papermill-compatible ``CellExecutionError``.
     ``on_start`` is told which run starts once its seal is checked (nothing unchecked
     reaches it), before its kernel starts; ``continues``: say from where it continues."""
-    runner = Runner(store, options, run=run)
+    runner = Runner.open(store, options, run=run)
     if on_start is not None:
         read = (runner.run_doc, runner.nb) if continues else None
         on_start(_started(store, runner.spec.run_id, read))

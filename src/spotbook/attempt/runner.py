@@ -95,38 +95,49 @@ class RunResult:
 class Runner:
     """Runs (or resumes) the run in ``store`` as one attempt."""
 
-    def __init__(
-        self,
+    @classmethod
+    def open(
+        cls,
         store: RunStore,
         options: RunnerOptions | None = None,
         *,
         run: dict[str, Any] | None = None,
-    ) -> None:
-        """``run``: run.json as the caller has just read it (``require_run_of``, to refuse
-        another run's store): its seal is checked here, and it is not read again."""
-        self.store = store
-        self.opts = options or RunnerOptions()
+    ) -> Runner:
+        """The runner of the run in ``store``, its seal and frozen notebook checked (exit 2
+        if not): nothing from the store is used before. ``run``: run.json as the caller
+        has just read it (``require_run_of``, to refuse another run's store): its seal is
+        checked here, and it is not read again; a store this process prepared
+        (``prepare``) was checked and sealed there, and is not checked twice."""
+        opts = options or RunnerOptions()
         checked, store.checked_run = store.checked_run, None
         if checked is None or store.seal is None or store.seal.legacy:
-            # Nothing from the store is used before its seal is checked (exit 2 if not);
-            # a store this process prepared (``prepare_run``) was checked and sealed there
             read = store.require_run() if run is None else run
-            strict = self.opts.strict_resume or bool(read["spec"].get("strict_resume"))
+            strict = opts.strict_resume or bool(read["spec"].get("strict_resume"))
             run = store.unseal(strict=strict, run=read)
         else:
             run = checked
             store.refuse_links()  # as unseal does: nothing is read through a link
-        self.run_doc = run  # run.json, its seal checked
-        self.spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
+        spec = RunSpec.from_json(run["spec"], f"{store.url}/run.json")
         raw = store.read("input.ipynb")
         assert store.seal is not None
         if raw is None or not store.input_matches(run, raw):
             raise store.seal.refuse("input.ipynb", "does not match the hash sealed in run.json")
-        self.nb = nbs.load_frozen(raw)
+        return cls(store, opts, run, spec, nbs.load_frozen(raw))
+
+    def __init__(
+        self, store: RunStore, options: RunnerOptions, run: dict[str, Any], spec: RunSpec, nb: Any
+    ) -> None:
+        """A runner of what :meth:`open` read and checked (``run``: run.json; ``nb``: the
+        frozen notebook); it reads nothing itself."""
+        self.store = store
+        self.opts = options
+        self.run_doc = run  # run.json, its seal checked
+        self.spec = spec
+        self.nb = nb
         self.grace = self.spec.limits.grace if self.opts.grace is None else self.opts.grace
         if self.grace < 0:
             raise UsageError("--grace must be zero or more seconds")
-        self.journal = Journal(store, run, self.spec, self.nb, self.opts.output_refresh)
+        self.journal = Journal(store, run, spec, nb, self.opts.output_refresh)
         self.snapshots = Snapshots(self)
         self.session: KernelSession | None = None
         self.notice: Notice | None = None

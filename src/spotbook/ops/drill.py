@@ -98,7 +98,7 @@ def drill(
     tell("resuming, as the Job controller would")
     from ..attempt.runner import Runner
 
-    result = Runner(store, options).run()
+    result = Runner.open(store, options).run()
     event, status = _follow_recovery(store, last, 0.0, tell)
     if event is not None:
         event["sigterm_to_exit_seconds"] = round(took, 3)
