@@ -57,6 +57,11 @@ def test_logs_then_cancel_a_run_on_this_machine(tmp_path: Path) -> None:
         events = list(spotbook.stream_logs(str(tmp_path / "rd")))
         assert {e.kind for e in events} == {"line"}, events
         assert "".join(e.text for e in events) == r.stdout
+        # the dashboard's call shows the same lines, from the sealed records: what the
+        # store's unsealed output.ipynb says (changed by a writer of the store) is not shown
+        out = tmp_path / "rd" / "output.ipynb"
+        out.write_text(out.read_text().replace("first cell", "forged"))
+        assert spotbook.run_logs(str(tmp_path / "rd")) == r.stdout.splitlines()
         r = cli("cancel", "rd", cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert "as Ctrl-C would: 1 of 3 cells saved" in r.stderr, r.stderr

@@ -266,29 +266,25 @@ def run_logs(
     context: str | None = None,
     namespace: str | None = None,
 ) -> list[str]:
-    """The run's last ``lines`` lines of output: its pod's log for a submitted run whose
-    pod is still there, else what its finished cells printed (streams and errors)."""
+    """The run's last ``lines`` lines of output as ``spotbook logs`` shows them
+    (``stream_logs``): its pod's log for a submitted run whose pod is still there, else
+    its finished cells' outputs between papermill's --log-output separators, from the
+    sealed records."""
+    from .._api import output_line
+
     store = _store(run, context, namespace)
-    record = store.job_record()
-    if record:
-        try:
-            run_id = store.require_run()["spec"]["run_id"]
-            with cluster_for(context, namespace, record) as cluster:
-                pods = cluster.pods(run_id)
-                if pods:
-                    got = list(cluster.logs(pods[-1]["metadata"]["name"]))
-                    text = "".join(x if x.endswith("\n") else x + "\n" for x in got)
-                    return text.splitlines()[-lines:]
-        except (ClusterError, UsageError):
-            pass  # the Job is gone or out of reach: what the store kept
-    out: list[str] = []
-    for cell in run_notebook(store).cells:
-        for o in cell.get("outputs") or []:
-            if o.get("output_type") == "stream":
-                out.extend(str(o.get("text", "")).splitlines())
-            elif o.get("output_type") == "error":
-                out.append(f"{o.get('ename')}: {o.get('evalue')}")
-    return out[-lines:]
+    got: list[str] = []
+    try:
+        for event in stream_logs(store, context=context, namespace=namespace):
+            if event.kind == "no-pods":
+                break
+            if event.kind == "line":
+                got.append(event.text)
+    except (ClusterError, UsageError):
+        got = []  # the Job is gone or out of reach: what the store kept
+    if not got and store.job_record() is not None:
+        got = [output_line(kind, content) for kind, content in run_outputs(store)]
+    return "".join(got).splitlines()[-lines:]
 
 
 @dataclass(frozen=True)

@@ -219,10 +219,14 @@ def create_app(sources: Sources, *, token: str | None = None, refresh: float = 2
             cost = run_cost_or_none(RunStore(url))
         except SpotbookError:
             cost = None
+        try:  # from the sealed records: a store sealed with another key shows why not
+            logs = run_logs(RunStore(url), lines=100)
+        except SpotbookError as exc:
+            logs = [f"(the log cannot be shown: {exc})"]
         html = env.get_template("_live.html").render(
             s=summarize(doc, cost),
             timeline=timeline_svg(doc),
-            logs=run_logs(RunStore(url), lines=100),
+            logs=logs,
         )
         return html, dict(doc)
 
