@@ -62,7 +62,7 @@ class CellLoop:
         run = self.run
         notice, journal, snaps = run.notice, run.journal, self.snapshots
         order = snaps.order
-        assert run.session is not None and notice is not None
+        assert notice is not None
         limits = run.spec.limits
         runnable = [i for i, c in enumerate(run.nb.cells) if nbs.executable(c)]
         last = runnable[-1]
@@ -90,7 +90,7 @@ class CellLoop:
             m0 = time.monotonic()
             try:
                 result = await run.race(
-                    run.session.run_cell(cell, index, expressions=with_cell),
+                    run.kernel.run_cell(cell, index, expressions=with_cell),
                     grace=run.grace,
                     index=index,
                     cell_timeout=limits.execution_timeout,
@@ -137,7 +137,7 @@ class CellLoop:
                 exiting = result.error["ename"] == "SystemExit"
                 ok = exiting and result.error["evalue"] in _EXIT_OK
                 status = CellStatus.EXITED if ok else CellStatus.FAILED
-            record = journal.record(index, result, t0, duration, status, run.session)
+            record = journal.record(index, result, t0, duration, status, run.kernel)
             snaps.note_files(record)
             if record.pop("checkpoint", False):
                 # what the cell saved in checkpoint_dir() is in the store before its record
@@ -175,7 +175,7 @@ class CellLoop:
             snaps.drop_held()  # taken with the cell, but not started: never written
             # now, or once the snapshot being written in the background is committed
             order.record(index, record)
-            journal.recommit_updated_displays(index, run.session, order.held())
+            journal.recommit_updated_displays(index, run.kernel, order.held())
             if bar is not None:
                 bar.advance(len(run.nb.cells) if index == last else index + 1)
             if status is CellStatus.FAILED:
@@ -191,4 +191,4 @@ class CellLoop:
             if status is CellStatus.EXITED:
                 log.info("cell %d called sys.exit(0): the run ends here, successfully", index)
                 return
-            journal.refresh(run.session, running=index + 1)
+            journal.refresh(run.kernel, running=index + 1)

@@ -16,6 +16,7 @@ from .._models import RunSpec
 from ..store.runstore import RunStore
 from .executor import KernelSession
 from .journal import Journal
+from .kernel_ops import KernelOps
 from .notice import Notice
 from .progress import Progress
 
@@ -51,11 +52,21 @@ class Attempt(Protocol):
     spec: RunSpec
     nb: Any  # the frozen notebook (a NotebookNode) the kernel runs
     opts: RunnerOptions
-    session: KernelSession | None  # the kernel, once started
+    session: KernelSession | None  # the kernel, once started (None before)
     notice: Notice | None  # the termination notice, once the attempt has begun
     grace: float  # how long a running cell may take to finish after the notice
     tmp: str  # the attempt's private directory
     journal: Journal
+
+    @property
+    def kernel(self) -> KernelSession:
+        """The kernel that runs now (asked for before one started: a bug, not a None)."""
+        ...
+
+    @property
+    def ops(self) -> KernelOps:
+        """What the runner may ask of the kernel that runs now (the typed seam)."""
+        ...
 
     def race(
         self, coro: Awaitable[T], *, grace: float, index: int, cell_timeout: float | None = None

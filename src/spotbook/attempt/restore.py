@@ -20,7 +20,7 @@ from ..notebook import document as nbs
 from .env_cells import env_cells
 from .executor import KernelDied, python_transform
 from .fidelity import FidelityReport
-from .kernel_ops import KernelError, KernelOps
+from .kernel_ops import KernelError
 from .replay import NO_REPLAY_TAG, ResumePlan, plan_resume
 from .snapshots import CannotRebuild, Snapshots
 
@@ -69,9 +69,7 @@ class Restorer:
         could not be rebuilt and the attempt falls back to a fresh run.
         """
         run, journal, snaps = self.run, self.run.journal, self.snapshots
-        session = run.session
-        assert session is not None
-        kernel = KernelOps(session)
+        kernel = run.ops
         records = journal.records
         m0 = time.monotonic()
         doc = snaps.usable
@@ -196,10 +194,8 @@ class Restorer:
         node has the image's environment), before anything is unpickled; then name the
         modules the state needs that still cannot be imported."""
         run, snaps = self.run, self.snapshots
-        session = run.session
-        assert session is not None
         cells = env_cells(nbs.cell_sources(run.nb), nbs.cell_tags(run.nb), int(doc["after"]))
-        kernel = KernelOps(session)
+        kernel = run.ops
         missing = await kernel.missing_modules(snaps.blob_dir(), doc["imports"])
         lost_files = bool((run.journal.attempt_rec.get("files_restored") or {}).get("files"))
         todo = []
@@ -229,8 +225,7 @@ class Restorer:
 
     async def _set_pre(self, index: int, report: FidelityReport) -> None:
         """Before a chain cell: the cwd, environment and generators it first started from."""
-        session, records = self.run.session, self.run.journal.records
-        assert session is not None
+        records = self.run.journal.records
         pre: dict[str, Any] = {}
         for i in sorted((i for i in records if i <= index), reverse=True):
             env = (records[i].get("pre") or {}).get("env")
@@ -244,12 +239,10 @@ class Restorer:
         if owned:
             pre["owned_rng"] = owned  # the notebook's own generators, as the cell found them
         if pre:
-            report.process_problems(await KernelOps(session).set_pre(pre))
+            report.process_problems(await self.run.ops.set_pre(pre))
 
     async def _bound(self, name: str) -> bool:
-        session = self.run.session
-        assert session is not None
-        return await KernelOps(session).is_bound(name)
+        return await self.run.ops.is_bound(name)
 
     def refuse_if_strict(self, report: FidelityReport) -> None:
         run = self.run
@@ -274,8 +267,7 @@ class Restorer:
             why,
             redone,
         )
-        assert run.session is not None
-        await run.session.shutdown()
+        await run.kernel.shutdown()
         if self.snapshots.files is not None:
             # a fresh run starts from its inputs, not from the files it made last time
             removed = self.snapshots.files.remove_created()
@@ -291,16 +283,14 @@ class Restorer:
             resumed_at=time.time(),
         )
         await run.start_kernel(0)
-        assert run.session is not None
-        run.nb.metadata["language_info"] = run.session.language_info
+        run.nb.metadata["language_info"] = run.kernel.language_info
         return 0
 
     async def _replay(self, index: int) -> None:
-        session = self.run.session
-        assert session is not None
         try:
             count = self.run.journal.records.get(index, {}).get("execution_count")
-            result = await self.run.race(session.replay_cell(index, count), grace=0.0, index=index)
+            replay = self.run.kernel.replay_cell(index, count)
+            result = await self.run.race(replay, grace=0.0, index=index)
         except KernelDied:
             raise _ReplayFailed(f"the kernel died while replaying cell {index}") from None
         if result.error and not result.allowed_error:

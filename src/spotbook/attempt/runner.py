@@ -150,6 +150,18 @@ class Runner:
         self._undone: list[str] = []  # files given back to the cell that runs again
         self._run_tmp_dir: str | None = None  # the kernel's TMPDIR, the same every attempt
 
+    @property
+    def kernel(self) -> KernelSession:
+        """The kernel that runs now (asked for before one started: a bug, not a None)."""
+        if self.session is None:
+            raise RuntimeError("spotbook asked for the kernel before it started")
+        return self.session
+
+    @property
+    def ops(self) -> KernelOps:
+        """What the runner may ask of the kernel that runs now (the typed seam)."""
+        return KernelOps(self.kernel)
+
     # -- entry ---------------------------------------------------------------
     def run(self) -> RunResult:
         return asyncio.run(self.arun())
@@ -349,7 +361,7 @@ class Runner:
         try:
             started = time.monotonic()
             await self.start_kernel(start)
-            assert self.session is not None
+            kernel = self.kernel
             journal.attempt_rec["kernel_start_seconds"] = round(time.monotonic() - started, 3)
             if self._files is not None:
                 journal.attempt_rec["checkpoint_restored_bytes"] = await files_restored
@@ -357,10 +369,10 @@ class Runner:
                     time.monotonic() - started, 3
                 )
                 self._files.start()
-            self.nb.metadata["language_info"] = self.session.language_info
-            _complete_kernelspec(self.nb, self.spec.kernel_name, self.session.language_info)
+            self.nb.metadata["language_info"] = kernel.language_info
+            _complete_kernelspec(self.nb, self.spec.kernel_name, kernel.language_info)
             for index, rec in journal.records.items():
-                self.session.seed_cell(
+                kernel.seed_cell(
                     index, nbs.outputs_copy(rec["outputs"]), rec.get("display_ids") or {}
                 )
             if journal.records:
@@ -435,7 +447,7 @@ class Runner:
         the attempt's outcome, the final notebook and the run's status."""
         if probe and self.session is not None:
             with contextlib.suppress(Exception):
-                found = await KernelOps(self.session).accelerators(timeout=5.0)
+                found = await self.ops.accelerators(timeout=5.0)
                 if found:
                     self.journal.attempt_rec["frameworks"] = found
         await self._final_files_sync()
@@ -548,7 +560,7 @@ class Runner:
         )
         await self.race(self.session.start(), grace=0.0, index=index)
         try:
-            started = await self.race(KernelOps(self.session).init(), grace=0.0, index=index)
+            started = await self.race(self.ops.init(), grace=0.0, index=index)
         except RuntimeError as exc:
             self.snapshots.off(f"the kernel cannot import spotbook ({exc})")
             return

@@ -220,10 +220,8 @@ class Snapshots:
         # state): predict this one's from the state's size and the throughput the last
         # one achieved (before the first, a conservative 250 MB/s), or a fork's pause
         # where the copy can write it in the background.
-        session = self.run.session
-        assert session is not None
         try:
-            found = await KernelOps(session).snapshot_estimate()
+            found = await self.run.ops.snapshot_estimate()
         except (RuntimeError, ValueError):
             return True  # take() reports why snapshots cannot work
         if self.background and not found["unsafe"]:
@@ -266,9 +264,8 @@ class Snapshots:
     async def take(self, index: int) -> None:
         """Snapshot the kernel's state after cell ``index`` and commit its manifest."""
         run, journal = self.run, self.run.journal
-        assert run.session is not None
         m0 = time.monotonic()
-        kernel = KernelOps(run.session)
+        kernel = run.ops
         manifest = None
         for attempt in range(2):  # a storage hiccup may pass; a second failure is kept
             try:
@@ -429,7 +426,7 @@ class Snapshots:
         False when it must be taken synchronously (why goes into the attempt record).
         ``taken``: the kernel staged it already, in the cell's own request."""
         run = self.run
-        assert run.session is not None and self.pending is None
+        assert self.pending is None
         m0 = time.monotonic()
         path = self._result_path(index)
         answer: dict[str, Any] | None
@@ -446,7 +443,7 @@ class Snapshots:
         elif self._staged_only():  # not asked again: a round trip less in every pause
             answer = {"unsafe": self._staged_only()}
         else:
-            fork = KernelOps(run.session).snapshot_fork(self.blob_dir(), path)
+            fork = run.ops.snapshot_fork(self.blob_dir(), path)
             try:
                 answer = await run.race(fork, grace=run.grace, index=index)
             except RuntimeError as exc:
@@ -495,14 +492,13 @@ class Snapshots:
         that failed too, and it is to be taken synchronously. ``taken``: what the kernel
         answered when asked with the cell (nothing is asked then)."""
         run = self.run
-        assert run.session is not None
         try:
             if isinstance(taken, KernelError):
                 raise taken
             if taken is not None:
                 answer = taken
             else:
-                staged = KernelOps(run.session).snapshot_staged(self.blob_dir(), path)
+                staged = run.ops.snapshot_staged(self.blob_dir(), path)
                 answer = await run.race(staged, grace=run.grace, index=index)
         except RuntimeError as exc:
             if storage_failure(exc):
@@ -699,10 +695,8 @@ class Snapshots:
         self, doc: dict[str, Any], index: int, keep: frozenset[str] = frozenset()
     ) -> dict[str, Any]:
         """Put a snapshot's variables and library options back (not the generators)."""
-        session = self.run.session
-        assert session is not None
         manifest = {"vars": doc["vars"], "stream": doc["stream"]}
-        restore = KernelOps(session).restore(self.blob_dir(), manifest, tuple(sorted(keep)))
+        restore = self.run.ops.restore(self.blob_dir(), manifest, tuple(sorted(keep)))
         result = await self.run.race(restore, grace=0.0, index=index)
         if "integrity" in result:
             raise SnapshotIntegrityError(
