@@ -93,14 +93,14 @@ def job_manifest(
             notebook = json.loads(notebook)
         except ValueError as exc:
             raise UsageError(f"the notebook given is not JSON ({exc})") from None
-    request = RunRequest(
+    return submit_notebook(
         notebook,
-        None,
-        parameters=dict(parameters or {}),
+        job,
+        parameters=parameters,
         kernel_name=kernel_name,
         language=language,
-    )
-    return submit(request, job, dry_run=True).manifest
+        dry_run=True,
+    ).manifest
 
 
 def check_submit(request: RunRequest, job: JobOptions, warn: Callable[[str], None] | None) -> None:
@@ -175,6 +175,7 @@ def submit_notebook(
     context: str | None = None,
     namespace: str | None = None,
     fallback: FallbackPolicy | None = None,
+    dry_run: bool = False,
 ) -> Submitted:
     """``submit`` of a ``RunRequest`` made of these arguments (``job.run_dir`` is the
     run store)."""
@@ -191,7 +192,9 @@ def submit_notebook(
         strict_resume=strict_resume,
         allow_errors=allow_errors,
     )
-    return submit(request, job, context=context, namespace=namespace, fallback=fallback)
+    return submit(
+        request, job, context=context, namespace=namespace, fallback=fallback, dry_run=dry_run
+    )
 
 
 def submit(
