@@ -77,15 +77,16 @@ def _done(executable: list[int], records: dict[int, dict[str, Any]]) -> list[int
     return [i for i in executable if records.get(i, {}).get("status") in finished]
 
 
-def _status_of(store: RunStore, run: dict[str, Any], attempts: list[dict[str, Any]]) -> RunStatus:
-    """The run's status: run.json's, where a running run whose last attempt was killed
-    is interrupted, and one cancelled (``spotbook cancel``) says so unless it succeeded."""
+def _status_of(
+    store: RunStore, run: dict[str, Any], attempts: list[dict[str, Any]]
+) -> tuple[RunStatus, bool]:
+    """The run's status, run.json's, where a running run whose last attempt was killed is
+    interrupted; and whether it was cancelled (``spotbook cancel``: its status then says
+    so, unless it succeeded)."""
     status = RunStatus(run.get("status", RunStatus.PENDING.value))
     if status is RunStatus.RUNNING and attempts and attempts[-1]["outcome"] == Outcome.KILLED:
         status = RunStatus.INTERRUPTED
-    if status is not RunStatus.SUCCEEDED and store.exists(CANCELLED):
-        return RunStatus.CANCELLED
-    return status
+    return status, status is not RunStatus.SUCCEEDED and store.exists(CANCELLED)
 
 
 def interrupted_at(store: RunStore, run: dict[str, Any], nb: Any) -> tuple[int, int] | None:
@@ -93,7 +94,10 @@ def interrupted_at(store: RunStore, run: dict[str, Any], nb: Any) -> tuple[int, 
     ``describe`` would say, from its run.json (``run``, checked) and frozen notebook
     (``nb``) as a new attempt has already read them; None if it was not interrupted."""
     attempts = _attempt_outcomes(store.attempts())
-    if not attempts or _status_of(store, run, attempts) is not RunStatus.INTERRUPTED:
+    if not attempts:
+        return None
+    status, cancelled = _status_of(store, run, attempts)
+    if cancelled or status is not RunStatus.INTERRUPTED:
         return None
     executable = [i for i, c in enumerate(nb.cells) if nbs.executable(c)]
     return len(_done(executable, store.cell_records())), len(executable)
@@ -121,7 +125,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
     done = _done(executable, records)
     failing = next((r for r in records.values() if r.get("status") == CellStatus.FAILED), None)
     attempts = _attempt_outcomes(store.attempts())
-    status = _status_of(store, run, attempts)
+    status, cancelled = _status_of(store, run, attempts)
     job = store.read_json(JOB_RECORD) or {}
     # the cluster is asked where the record's seal says (a changed record is refused)
     view = cluster(spec.run_id, store.job_record() or {}) if cluster is not None and job else {}
@@ -130,7 +134,7 @@ def describe(store: RunStore, cluster: ClusterView | None = None) -> RunReport:
     doc = RunReport(
         run_id=spec.run_id,
         run_dir=store.url,
-        status=status.value,
+        status=(RunStatus.CANCELLED if cancelled else status).value,
         message=run.get("message", ""),
         source=spec.source,
         output=spec.output,
