@@ -270,21 +270,31 @@ def run_logs(
     (``stream_logs``): its pod's log for a submitted run whose pod is still there, else
     its finished cells' outputs between papermill's --log-output separators, from the
     sealed records."""
-    from .._api import output_line
-
     store = _store(run, context, namespace)
+    record = store.job_record()  # checks run.json's seal where it is a Job's
     got: list[str] = []
     try:
-        for event in stream_logs(store, context=context, namespace=namespace):
+        for event in _log_events(store, record, context, namespace):
             if event.kind == "no-pods":
                 break
             if event.kind == "line":
                 got.append(event.text)
     except (ClusterError, UsageError):
         got = []  # the Job is gone or out of reach: what the store kept
-    if not got and store.job_record() is not None:
-        got = [output_line(kind, content) for kind, content in run_outputs(store)]
+    if not got and record is not None:
+        got = list(_stored_lines(store))
     return "".join(got).splitlines()[-lines:]
+
+
+def _stored_lines(store: RunStore, follow: bool = False) -> Iterator[str]:
+    """The run's cell outputs from its sealed records, as papermill's --log-output
+    shows them (``follow``: as ``run_outputs``)."""
+    from .._api import output_line
+
+    for kind, content in run_outputs(store, follow=follow):
+        line = output_line(kind, content)
+        if line:
+            yield line
 
 
 @dataclass(frozen=True)
@@ -311,15 +321,25 @@ def stream_logs(
     first, with ``all_pods``), a run here's cell outputs between papermill's --log-output
     separators. ``follow``: go on while the run does (a submitted run's pod waited for up
     to ``pod_wait`` seconds while it is pending). Reads sealed records only."""
-    from .._api import output_line
-
     store = _store(run, context, namespace)
     record = store.job_record()  # checks run.json's seal where it is a Job's
+    yield from _log_events(store, record, context, namespace, follow, all_pods, pod_wait)
+
+
+def _log_events(
+    store: RunStore,
+    record: dict[str, Any] | None,
+    context: str | None,
+    namespace: str | None,
+    follow: bool = False,
+    all_pods: bool = False,
+    pod_wait: float = 600.0,
+) -> Iterator[LogEvent]:
+    """``stream_logs`` of the run in ``store`` whose Job record (``record``: None for a
+    run here) was read and checked."""
     if record is None:
-        for kind, content in run_outputs(store, follow=follow):
-            line = output_line(kind, content)
-            if line:
-                yield LogEvent("line", line)
+        for line in _stored_lines(store, follow):
+            yield LogEvent("line", line)
         return
     run_id = store.require_run()["spec"]["run_id"]
     with cluster_for(context, namespace, record) as cluster:
