@@ -125,8 +125,12 @@ class FakeKernel:
         store_history: bool = True,
         live: bool = True,
         expressions: dict[str, str] | None = None,
+        request: dict[str, Any] | None = None,
+        outputs: list[Any] | None = None,
     ) -> CellResult:
-        outputs: list[Any] = []
+        # (its cells' loops are not resume points: the request's metadata asks nothing of
+        # it; what a resumed cell had shown comes first, as in the real kernel)
+        outputs = [dict(o) for o in outputs or ()]
         self._running = (index, outputs) if live else None
         try:
             if self.script.before is not None:

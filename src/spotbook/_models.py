@@ -167,6 +167,15 @@ class AttemptRecord(TypedDict, total=False):
     checkpoint_files: int
     checkpoint_last_sync_seconds: float
     store_bytes: int
+    # checkpoints inside cells (a loop's iteration boundary: spotbook.kernel.loops)
+    loop_checkpoints: int
+    loop_checkpoint_pause_max: float
+    last_loop_checkpoint: dict[str, Any]  # cell, loop, iteration, at
+    loops_not_resumable: dict[str, str]  # "cell:loop" -> why a kill there reruns the cell
+    loop_checkpoints_off: str
+    # the checkpoint inside a cell this attempt went on from: cell, loop, iteration,
+    # total, at (when it was taken), attempt (which took it), cell_seconds
+    resumed_in_cell: dict[str, Any]
 
 
 # what ``spotbook status`` shows of each attempt (the rest is for diagnosis)
@@ -210,6 +219,9 @@ STATUS_ATTEMPT_FIELDS = (
     "snapshots_dropped",
     "background_snapshots",
     "snapshot_pause_max",
+    "loop_checkpoints",
+    "loops_not_resumable",
+    "resumed_in_cell",
     "error",
 )
 

@@ -204,6 +204,9 @@ def downtime(
         if a.get("outcome") not in INTERRUPTED_OUTCOMES:
             continue
         t0 = max(ends.get(int(a["attempt"]), 0.0), float(a.get("resumed_at") or a["started"]))
+        inside = b.get("resumed_in_cell") or {}
+        if inside.get("attempt") == a["attempt"] and isinstance(inside.get("at"), int | float):
+            t0 = max(t0, float(inside["at"]))  # a checkpoint inside a cell was A's last progress
         known = a.get("outcome") == Outcome.PREEMPTED and a.get("ended") is not None
         t1 = max(float(a["ended"]), t0) if known else t0
         t2 = max(float(b.get("process_started") or b["started"]), t1)

@@ -90,7 +90,13 @@ class CellLoop:
             m0 = time.monotonic()
             try:
                 result = await run.race(
-                    run.kernel.run_cell(cell, index, expressions=with_cell),
+                    run.kernel.run_cell(
+                        cell,
+                        index,
+                        expressions=with_cell,
+                        request=run.in_cell.request(index),
+                        outputs=run.in_cell.outputs(index),
+                    ),
                     grace=run.grace,
                     index=index,
                     cell_timeout=limits.execution_timeout,

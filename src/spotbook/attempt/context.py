@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from .._models import RunSpec
 from ..store.runstore import RunStore
 from .executor import KernelSession
+from .in_cell import InCell
 from .journal import Journal
 from .kernel_ops import KernelOps
 from .notice import Notice
@@ -57,6 +58,7 @@ class Attempt(Protocol):
     grace: float  # how long a running cell may take to finish after the notice
     tmp: str  # the attempt's private directory
     journal: Journal
+    in_cell: InCell  # checkpoints inside cells (a loop's iteration boundary)
 
     @property
     def kernel(self) -> KernelSession:

@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from queue import Empty
 from typing import Any
@@ -37,11 +37,23 @@ from nbclient.client import timestamp
 from nbclient.exceptions import CellExecutionComplete
 
 from .._errors import KernelNotFoundError, KernelStartError
+from ..kernel.loops import CHECKPOINT_MIME
 from .kernel_ops import KernelError, counter_at
 
 log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[str, dict[str, Any]], None]
+
+
+LoopCallback = Callable[[int, dict[str, Any], list[Any]], Awaitable[None]]
+
+
+def _loop_message(msg: dict[str, Any]) -> dict[str, Any] | None:
+    """What a cell's loop told the runner (:mod:`spotbook.kernel.loops`), or None."""
+    if msg["msg_type"] != "display_data":
+        return None
+    said = (msg["content"].get("data") or {}).get(CHECKPOINT_MIME)
+    return said if isinstance(said, dict) else None
 
 
 class KernelDied(Exception):
@@ -280,6 +292,9 @@ class KernelSession:
         # evaluated after every cell, in the cell's own reply (no extra round trip)
         self.cell_expressions: dict[str, str] = {}
         self._running: tuple[int, Any] | None = None  # the notebook cell running now
+        # hears what a cell's loops tell the runner (a checkpoint written): the cell, what
+        # the kernel said, the cell's outputs up to that moment
+        self.on_loop: LoopCallback | None = None
         self.language_info: dict[str, Any] = {}
 
     async def start(self) -> None:
@@ -345,20 +360,30 @@ class KernelSession:
         store_history: bool = True,
         live: bool = True,
         expressions: dict[str, str] | None = None,
+        request: dict[str, Any] | None = None,
+        outputs: list[Any] | None = None,
     ) -> CellResult:
         """Execute one cell. Errors in the cell are results, not exceptions. ``live``: its
         outputs so far are the notebook's (``live_outputs``); a replay's are not.
         ``expressions``: user expressions asked with this cell besides ``cell_expressions``
-        (evaluated after its code if that raised nothing; their values in ``reply``)."""
+        (evaluated after its code if that raised nothing; their values in ``reply``).
+        ``request``: metadata of the execute request (what the kernel's loops are asked to
+        do: :mod:`spotbook.kernel.loops`); ``outputs``: what the cell had shown before
+        (a cell resumed inside a loop goes on from them)."""
         client = self._client
         cell.metadata["execution"] = {}
-        msg_id = self._kc.execute(
-            cell.source,
-            store_history=store_history,
-            stop_on_error=False,
-            user_expressions={**self.cell_expressions, **(expressions or {})},
-        )
-        cell.outputs = []
+        content = {
+            "code": cell.source,
+            "silent": False,
+            "store_history": store_history,
+            "user_expressions": {**self.cell_expressions, **(expressions or {})},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg = self._kc.session.msg("execute_request", content, metadata=request or {})
+        self._kc.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        cell.outputs = [dict(o) for o in outputs or ()]
         client.clear_before_next_output = False
         self._running = (index, cell) if live else None
         try:
@@ -408,6 +433,11 @@ class KernelSession:
         while True:
             while not idle and (msg := wire.take(wire.iopub)) is not None:
                 if msg["parent_header"].get("msg_id") == msg_id:
+                    said = _loop_message(msg)
+                    if said is not None:  # the kernel's word to the runner, not an output
+                        if self.on_loop is not None:
+                            await self.on_loop(index, said, copy.deepcopy(cell.outputs))
+                        continue
                     try:
                         client.process_message(msg, cell, index)
                     except CellExecutionComplete:

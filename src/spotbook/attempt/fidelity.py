@@ -33,6 +33,9 @@ class FidelityReport:
     undone: list[str] = field(default_factory=list)
     files: dict[str, Any] = field(default_factory=dict)  # what this node lacked and got back
     environment: list[int] = field(default_factory=list)  # cells replayed for the environment
+    # the checkpoint inside a cell it went on from ("cell 7, iteration 15 of 20 of its
+    # loop 1"); "" for a snapshot between cells
+    inside: str = ""
 
     def files_checked(
         self,
@@ -140,6 +143,7 @@ class FidelityReport:
             "files_given_back": list(self.undone),
             "files_restored": dict(self.files),
             "environment_replayed": list(self.environment),
+            **({"inside": self.inside} if self.inside else {}),
         }
 
 
@@ -152,7 +156,9 @@ def summary_lines(fidelity: dict[str, Any]) -> list[str]:
         )
     restored = fidelity.get("process_restored") or []
     after = fidelity.get("snapshot_after")
-    if isinstance(after, int):  # cells as papermill numbers them, from 1
+    if isinstance(fidelity.get("inside"), str):
+        source = f" from the checkpoint inside {fidelity['inside']}"
+    elif isinstance(after, int):  # cells as papermill numbers them, from 1
         source = f" from the snapshot after cell {after + 1}"
     else:  # a report written before it said which cell
         source = f" from {fidelity['snapshot']}" if fidelity.get("snapshot") else ""

@@ -77,8 +77,11 @@ class Restorer:
             snapshot=doc["name"] if doc else None,
             snapshot_after=int(doc["after"]) if doc and isinstance(doc.get("after"), int) else None,
             undone=self.undone,
+            inside=run.in_cell.words(),
         )
         rebuild_files: set[int] = set()
+        if run.in_cell.resumed is None:
+            report.may_differ.extend(self._cell_rerun(start))
         if doc is not None:
             never = frozenset(
                 i for i, tags in enumerate(nbs.cell_tags(run.nb)) if NO_REPLAY_TAG in tags
@@ -103,6 +106,9 @@ class Restorer:
                     )
                 loaded = await snaps.load(doc, start)
                 failed = loaded["failed"]
+                lost = run.in_cell.restored(failed)
+                if lost:
+                    raise CannotRebuild(lost)
                 kinds = {n: str(v.get("type", "")) for n, v in doc["vars"].items()}
                 report.restored(doc, failed, {**env_failed, **loaded["process_failed"]})
                 journal.attempt_rec["restored_bytes"] = loaded["bytes"]
@@ -184,10 +190,39 @@ class Restorer:
             fidelity=report.to_json(),
             resumed_at=time.time(),  # from here on, cells that were never run
         )
-        log.info("%s", _restored_words(doc, replayed, report, len(self.run.nb.cells)))
+        if run.in_cell.resumed is not None and doc is not None:
+            r = run.in_cell.resumed
+            journal.note(
+                resumed_in_cell={
+                    **{k: r[k] for k in ("cell", "loop", "iteration", "total", "at") if k in r},
+                    "attempt": int(doc["attempt"]),
+                    "cell_seconds": float(r.get("cell_seconds") or 0.0),
+                }
+            )
+        log.info(
+            "%s",
+            _restored_words(doc, replayed, report, len(self.run.nb.cells), run.in_cell.words()),
+        )
         for line in report.may_differ:
             log.warning("may differ from an uninterrupted run: %s", line)
         return plan, start
+
+    def _cell_rerun(self, start: int) -> list[str]:
+        """The loops of cell ``start`` that an earlier attempt found could not be resumed
+        from inside, when that cell now runs again from its first line: named, so that
+        ``--strict-resume`` refuses it and the report says why the cell's work was lost."""
+        said = []
+        for a in self.run.store.attempts():
+            for key, why in sorted((a.get("loops_not_resumable") or {}).items()):
+                cell, _, loop = str(key).partition(":")
+                if cell == str(start) and loop.isdigit():
+                    line = (
+                        f"cell {start + 1} runs again from its first line: its loop "
+                        f"{int(loop) + 1} is not a resume point ({why})"
+                    )
+                    if line not in said:
+                        said.append(line)
+        return said
 
     async def _environment(self, doc: dict[str, Any], report: FidelityReport) -> None:
         """Replay the cells that changed the environment where their effect is gone (a new
@@ -300,15 +335,22 @@ class Restorer:
 
 
 def _restored_words(
-    doc: dict[str, Any] | None, replayed: list[int], report: FidelityReport, total: int
+    doc: dict[str, Any] | None,
+    replayed: list[int],
+    report: FidelityReport,
+    total: int,
+    inside: str = "",
 ) -> str:
     """What the resume did, in a person's words and papermill's numbering of cells (from 1,
-    every cell counted): "restored the state after cell 6 of 10; replayed cell 2 (why)"."""
-    head = (
-        f"restored the kernel's state after cell {int(doc['after']) + 1} of {total}"
-        if doc
-        else "no snapshot to restore: the cells before are replayed"
-    )
+    every cell counted): "restored the state after cell 6 of 10; replayed cell 2 (why)";
+    ``inside``: the checkpoint inside a cell it went on from ("cell 7, iteration 15 of 20
+    of its loop 1")."""
+    if doc and inside:
+        head = f"restored the kernel's state inside {inside} (of {total} cells)"
+    elif doc:
+        head = f"restored the kernel's state after cell {int(doc['after']) + 1} of {total}"
+    else:
+        head = "no snapshot to restore: the cells before are replayed"
     if not replayed:
         return f"{head}; no cell replayed"
     why = dict(report.replayed)

@@ -60,6 +60,7 @@ from .cells import CellLoop
 from .context import RunnerOptions
 from .executor import KernelDied, KernelSession, check_kernel, kernel_env
 from .files_sync import FilesSync
+from .in_cell import InCell
 from .journal import Journal, exited_early, start_index
 from .kernel_ops import CELL_EFFECTS, KernelOps
 from .notice import Notice
@@ -139,6 +140,7 @@ class Runner:
             raise UsageError("--grace must be zero or more seconds")
         self.journal = Journal(store, run, spec, nb, self.opts.output_refresh)
         self.snapshots = Snapshots(self)
+        self.in_cell = InCell(self, self.snapshots)
         self.session: KernelSession | None = None
         self.notice: Notice | None = None
         self.tmp = ""  # the attempt's private directory: notice file, staged blobs
@@ -250,6 +252,9 @@ class Runner:
             )
         check_kernel(self.spec.kernel_name)  # not an attempt: bad input (exit 2)
         self.snapshots.usable = self.snapshots.find_usable(start)
+        inside = self.in_cell.find(start)  # a checkpoint inside the cell to go on from
+        if inside is not None:
+            self.snapshots.usable = inside
         self._files_manifest = self.store.files_manifest()
 
     def _run_tmp(self) -> str | None:
@@ -559,6 +564,7 @@ class Runner:
             nbclient=self.spec.nbclient,
         )
         await self.race(self.session.start(), grace=0.0, index=index)
+        self.session.on_loop = self.in_cell.heard
         try:
             started = await self.race(self.ops.init(), grace=0.0, index=index)
         except RuntimeError as exc:

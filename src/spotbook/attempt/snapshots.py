@@ -327,6 +327,23 @@ class Snapshots:
         until every blob was in the store; ``pause``: it was written in the background,
         stopping the notebook this long."""
         run, journal = self.run, self.run.journal
+        doc = self.manifest_doc(index, manifest, cost=cost, written=written, pause=pause)
+        journal.fence()
+        run.store.write_snapshot(CellKey(index, journal.attempt), doc)
+        journal.blob_bytes += int(manifest["written"])
+
+    def manifest_doc(
+        self,
+        index: int,
+        manifest: dict[str, Any],
+        *,
+        cost: float,
+        written: float,
+        pause: float | None = None,
+    ) -> dict[str, Any]:
+        """The document a snapshot's manifest is committed as (the state after cell
+        ``index``; see :meth:`_commit`)."""
+        run, journal = self.run, self.run.journal
         doc = {
             "format": SNAPSHOT_FORMAT,
             "run_id": run.spec.run_id,
@@ -351,9 +368,7 @@ class Snapshots:
             doc["kernel_pause_seconds"] = round(float(manifest.get("kernel_pause") or 0.0), 6)
             if "cpu_seconds" in manifest:
                 doc["copy_cpu_seconds"] = round(float(manifest["cpu_seconds"]), 6)
-        journal.fence()
-        run.store.write_snapshot(CellKey(index, journal.attempt), doc)
-        journal.blob_bytes += int(manifest["written"])
+        return doc
 
     # -- in the background ----------------------------------------------------------------
     def _staged_only(self) -> str:
@@ -658,6 +673,10 @@ class Snapshots:
         # buffer's blob from one that may never have been committed (nor sent)
         stream = manifest["stream"]
         return [*manifest["new_blobs"], stream["stream"], *stream["buffers"], *digests]
+
+    def upload_needed(self, manifest: dict[str, Any]) -> None:
+        """Send the blobs ``manifest`` needs that the store lacks (none on a local store)."""
+        self._upload(self._needed(manifest))
 
     def _upload(self, digests: list[str]) -> None:
         """Send the blobs the kernel staged that the store lacks (none on a local store)."""

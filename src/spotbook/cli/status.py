@@ -75,9 +75,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
             extra = f", restored in {a.get('restore_seconds', 0):.2f} s, {what}"
         place = f"pod {a['pod']}" if a.get("pod") else f"pid {a.get('pid')}"
         start = a.get("resumed_from")
+        inside = a.get("resumed_in_cell") or {}
+        within = ""
+        if isinstance(inside.get("iteration"), int):
+            of = f" of {inside['total']}" if isinstance(inside.get("total"), int) else ""
+            within = f", iteration {inside['iteration'] + 1}{of}"
         print(
             f"  #{a.get('attempt')} {a.get('outcome') or '?':<10} {_when(a.get('started'))} → "
-            f"{_when(a.get('ended'))}  from cell {int(start or 0) + 1} "
+            f"{_when(a.get('ended'))}  from cell {int(start or 0) + 1}{within} "
             f"on {a.get('node') or a.get('host')} {place}{extra}"
         )
         for line in _attempt_details(a):

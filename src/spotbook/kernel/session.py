@@ -129,6 +129,9 @@ def init() -> str:
     shell.events.register("post_run_cell", _post_cell)
     sys.addaudithook(_audit)
     _reply_hooked = _note_in_replies(shell)
+    from . import loops
+
+    loops.install(shell)  # in-cell resume points, for the cells the runner asks it of
     return _started()
 
 
@@ -501,6 +504,22 @@ def _take(blobs: Blobs) -> dict[str, Any]:
             "seconds": time.perf_counter() - started,
         }
     )
+
+
+def take_in_cell(blobs: Blobs) -> dict[str, Any]:
+    """:func:`_take` from inside a running cell (a loop's checkpoint): the notebook's open
+    files flushed first (the run's files are captured next), and IPython's history as it
+    was before the running cell, which runs again, and is stored again, on resume."""
+    _flush_open_files()
+    hm = _shell().history_manager
+    parsed, raw = hm.input_hist_parsed, hm.input_hist_raw
+    running = (parsed[-1:], raw[-1:])
+    del parsed[-1:], raw[-1:]
+    try:
+        return _take(blobs)
+    finally:
+        parsed.extend(running[0])
+        raw.extend(running[1])
 
 
 # -- staged snapshots (kernels that must not fork) -----------------------------------------

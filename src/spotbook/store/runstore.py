@@ -12,6 +12,9 @@ Layout under the run's URL::
     attempts/MMMM.json       one record per attempt, created exclusively (the fence)
     state/blobs/SHA256       content-addressed pickles of kernel variables
     state/snap/NNNNN-aMMMM.json   snapshot manifest taken after cell NNNNN
+    state/loop/NNNNN-aMMMM.json   the newest checkpoint attempt MMMM took inside cell
+                             NNNNN (at a loop's iteration boundary: a snapshot manifest
+                             with the loop's position and the cell's outputs so far)
     files/                   the notebook's checkpoint directory (local stores)
     files/aMMMM-SSSSSS.json  object stores: checkpoint-directory manifest number SSSSSS of
                              attempt MMMM (path -> blob in state/blobs), the newest wins
@@ -1057,6 +1060,47 @@ class RunStore:
             expected["run_id"] = self.seal.run_id
             if any(checked.get(k) != v for k, v in expected.items()):
                 raise self.seal.refuse(rel, "belongs to another run, cell or attempt")
+        return checked
+
+    # -- checkpoints inside a cell (a loop's iteration boundary) -------------------
+    def write_loop_checkpoint(self, key: CellKey, doc: dict[str, Any]) -> None:
+        """Commit the newest checkpoint attempt ``key.attempt`` took inside cell
+        ``key.index`` (it replaces the one before: only the newest is ever resumed)."""
+        rel = f"state/loop/{key.name}"
+        self.write_json(rel, self._sign(rel, doc))
+
+    def loop_checkpoint(self, index: int) -> dict[str, Any] | None:
+        """The newest checkpoint taken inside cell ``index`` that a resume may go on from,
+        checked, or None. One counts when no later attempt took over before that cell
+        (those ran the cells before it again) and none was started over since."""
+        takeover = self._takeover_points()
+        restart = self.restart_point()
+        best: CellKey | None = None
+        for name in self.names("state/loop"):
+            key = CellKey.parse(name)
+            if key is None or key.index != index or key.attempt < restart:
+                continue
+            limit = takeover.get(key.attempt + 1)
+            if limit is not None and limit < index:
+                continue
+            if best is None or key.attempt > best.attempt:
+                best = key
+        if best is None:
+            return None
+        rel = f"state/loop/{best.name}"
+        doc = self.read_json(rel)
+        if doc is None:
+            return None
+        checked: dict[str, Any] = self._check(rel, doc)
+        in_cell = checked.get("in_cell")
+        expected: dict[str, Any] = {"after": index - 1, "attempt": best.attempt}
+        if self.seal is not None:
+            expected["run_id"] = self.seal.run_id
+            if any(checked.get(k) != v for k, v in expected.items()) or not (
+                isinstance(in_cell, dict) and in_cell.get("cell") == index
+            ):
+                raise self.seal.refuse(rel, "belongs to another run, cell or attempt")
+        checked["name"] = best.name
         return checked
 
     # -- checkpoint directory (object stores) --------------------------------------

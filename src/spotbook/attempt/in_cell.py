@@ -1,0 +1,212 @@
+"""Checkpoints inside a cell, the runner's side: what each cell's execute request asks of
+its loops, committing the checkpoint a loop took, and going on from one on resume.
+
+The kernel's side (:mod:`spotbook.kernel.loops`) takes the snapshot at a loop's iteration
+boundary and waits; here its blobs and the run's files are put in the store and the
+manifest committed, with the loop's position and the cell's outputs up to that boundary
+(``state/loop/``), before the kernel is let go. A kill loses at most the iterations
+since. The interval is the snapshots' own: ``--snapshot-interval`` when set, else the
+Young/Daly interval for the run's hazard and the checkpoints' measured cost.
+
+A resume whose first unfinished cell has a checkpoint restores it as the state before
+that cell (so no cell before it is replayed), and runs the cell from the loop's next
+iteration, its outputs going on from those saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._errors import StorageError
+from .._models import BACKGROUND_PAUSE_ESTIMATE
+from ..kernel.loops import POSITION, REQUEST_KEY
+from ..store.runstore import CellKey
+from .kernel_ops import KernelOps
+
+if TYPE_CHECKING:
+    from .context import Attempt
+    from .snapshots import Snapshots
+
+log = logging.getLogger(__name__)
+
+
+class InCell:
+    """One attempt's checkpoints inside cells."""
+
+    def __init__(self, run: Attempt, snapshots: Snapshots) -> None:
+        self.run = run
+        self.snapshots = snapshots
+        self.resumed: dict[str, Any] | None = None  # the checkpoint this attempt went on from
+        self.cost: float | None = None  # what the last one stopped the cell for
+        self.taken = 0
+        self.pauses: list[float] = []
+        self._resume_cell: int | None = None  # the cell still to be resumed inside
+        self._outputs_cell: int | None = None  # ... whose outputs are still to be given
+        self.off = ""  # why there are none in this attempt ("" while there may be)
+
+    # -- going on from one ------------------------------------------------------------
+    def find(self, start: int) -> dict[str, Any] | None:
+        """The checkpoint inside cell ``start`` to go on from, if there is one (then the
+        snapshot to restore, as the state before that cell)."""
+        snaps = self.snapshots
+        if not snaps.enabled or not self._python():
+            return None
+        doc = self.run.store.loop_checkpoint(start)
+        if doc is None:
+            return None
+        from .snapshots import SNAPSHOT_FORMAT
+
+        if doc.get("format") != SNAPSHOT_FORMAT:
+            return None
+        self.resumed = dict(doc["in_cell"])
+        self._resume_cell = self._outputs_cell = start
+        return doc
+
+    def restored(self, failed: dict[str, Any]) -> str:
+        """'' when the loop's position came back with the state; else why not."""
+        if self.resumed is None or POSITION not in failed:
+            return ""
+        return f"the position of the loop in cell {self.resumed['cell'] + 1} could not be loaded"
+
+    def outputs(self, index: int) -> list[Any] | None:
+        """What cell ``index`` had shown up to the checkpoint it goes on from."""
+        if self.resumed is None or self._outputs_cell != index:
+            return None
+        self._outputs_cell = None
+        return list(self.resumed.get("outputs") or [])
+
+    def words(self) -> str:
+        """Where this attempt went on from, in papermill's numbering of cells."""
+        r = self.resumed
+        if r is None:
+            return ""
+        of = f" of {r['total']}" if r.get("total") is not None else ""
+        return (
+            f"cell {int(r['cell']) + 1}, iteration {int(r['iteration']) + 1}{of} of its "
+            f"loop {int(r['loop']) + 1}"
+        )
+
+    # -- asking for them --------------------------------------------------------------
+    def _python(self) -> bool:
+        info = self.run.nb.metadata.get("kernelspec") or {}
+        lang = str(info.get("language") or "python").lower()
+        return lang == "python"
+
+    def interval(self) -> float:
+        """Seconds of a loop between two checkpoints."""
+        policy = self.run.spec.snapshot
+        if policy.interval is not None:
+            return policy.interval
+        cost = self.cost if self.cost is not None else self.snapshots.cost
+        return policy.gap(cost if cost is not None else BACKGROUND_PAUSE_ESTIMATE)
+
+    def request(self, index: int) -> dict[str, Any] | None:
+        """The execute request's metadata for cell ``index``: what its loops do."""
+        if self.off or not self.snapshots.enabled or not self._python():
+            return None
+        asked: dict[str, Any] = {
+            "cell": index,
+            "blob_dir": self.snapshots.blob_dir(),
+            "dir": self.run.tmp,
+            "interval": self.interval(),
+        }
+        r = self.resumed
+        if r is not None and self._resume_cell == index:
+            asked["resume"] = {"loop": int(r["loop"]), "iteration": int(r["iteration"])}
+            self._resume_cell = None
+        return {REQUEST_KEY: asked}
+
+    # -- taking one -------------------------------------------------------------------
+    async def heard(self, index: int, said: dict[str, Any], outputs: list[Any]) -> None:
+        """What a loop of cell ``index`` told the runner (``outputs``: the cell's so far)."""
+        if "unresumable" in said:
+            self._unresumable(index, said)
+            return
+        if "error" in said:
+            why = said["error"]
+            self._stop(f"a checkpoint inside cell {index + 1} failed in the kernel ({why})")
+            return
+        gate = str(said.get("gate") or "")
+        try:
+            await self._commit(index, said, outputs)
+        except (OSError, StorageError, ValueError, KeyError) as exc:
+            self._stop(f"the checkpoint inside cell {index + 1} could not be saved ({exc})")
+        finally:
+            if gate:
+                KernelOps.release_writer(gate, go=True)
+
+    async def _commit(self, index: int, said: dict[str, Any], outputs: list[Any]) -> None:
+        run, snaps, journal = self.run, self.snapshots, self.run.journal
+        m0 = time.monotonic()
+        # the snapshot after the cell before, if still being written: committed first, so
+        # the cell's record is there for a resume to reach this cell
+        await snaps.settle(wait=True)
+        with open(str(said["manifest"])) as fh:
+            manifest = json.load(fh)
+        if snaps.files is not None:
+            if said.get("written"):
+                snaps.files.note(said["written"])
+            staged = await asyncio.to_thread(snaps.files.stage, snaps.blob_dir())
+            doc_files, written = await asyncio.to_thread(staged)
+            journal.blob_bytes += written
+            manifest["files"] = doc_files
+        await asyncio.to_thread(snaps.upload_needed, manifest)
+        pause = float(said.get("kernel_seconds") or 0.0) + time.monotonic() - m0
+        doc = snaps.manifest_doc(index - 1, manifest, cost=pause, written=pause)
+        doc["in_cell"] = {
+            "cell": index,
+            "loop": int(said["loop"]),
+            "iteration": int(said["iteration"]),
+            "total": said.get("total"),
+            "at": time.time(),
+            "cell_seconds": round(float(said.get("cell_seconds") or 0.0), 6),
+            "outputs": outputs,
+            **({"notice": True} if said.get("notice") else {}),
+        }
+        journal.fence()
+        run.store.write_loop_checkpoint(CellKey(index, journal.attempt), doc)
+        journal.blob_bytes += int(manifest["written"])
+        self.cost = pause
+        self.taken += 1
+        self.pauses.append(pause)
+        rec = journal.attempt_rec
+        rec["loop_checkpoints"] = self.taken
+        rec["loop_checkpoint_pause_max"] = round(max(self.pauses), 6)
+        rec["last_loop_checkpoint"] = {
+            "cell": index,
+            "loop": int(said["loop"]),
+            "iteration": int(said["iteration"]),
+            "at": doc["in_cell"]["at"],
+        }
+        log.debug(
+            "checkpoint inside cell %d, loop %s, after iteration %s: %.3f s",
+            index,
+            said["loop"],
+            said["iteration"],
+            pause,
+        )
+
+    def _unresumable(self, index: int, said: dict[str, Any]) -> None:
+        journal = self.run.journal
+        named = dict(journal.attempt_rec.get("loops_not_resumable") or {})
+        key = f"{index}:{said['loop']}"
+        if key not in named:
+            named[key] = str(said["unresumable"])
+            # written now: the next attempt names it, should a kill come in this loop
+            journal.note(loops_not_resumable=named)
+            log.info(
+                "loop %s of cell %d is not a resume point: %s; a kill inside it runs the cell "
+                "again from its first line",
+                int(said["loop"]) + 1,
+                index + 1,
+                said["unresumable"],
+            )
+
+    def _stop(self, why: str) -> None:
+        self.off = why
+        self.run.journal.attempt_rec["loop_checkpoints_off"] = why
+        log.warning("checkpoints inside cells are off for this attempt: %s", why)
