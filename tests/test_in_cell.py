@@ -80,25 +80,61 @@ print(len(losses), repr(losses[-1]))
 print(hashlib.sha256(open("train.log", "rb").read()).hexdigest())
 """
 
+# the same loop inside a function the notebook defines, called by a later cell
+TRAIN_DEF = """\
+def train(w, epochs, lr=0.05):
+    \"\"\"One pass of minibatch gradient descent per epoch.\"\"\"
+    losses = []
+    print("training")
+    for epoch in range(epochs):
+        batch = rng.choice(len(y), size=64, replace=False)
+        g = X[batch].T @ (X[batch] @ w - y[batch]) / 64
+        w = w - lr * g
+        loss = float(((X @ w - y) ** 2).mean())
+        losses.append(loss)
+        with open("train.log", "a") as log:
+            log.write(f"{epoch} {loss!r}\\n")
+        hold(epoch)
+        print(f"epoch {epoch} loss {loss!r}")
+    print("weights", hashlib.sha256(w.tobytes()).hexdigest())
+    return w, losses
+"""
+CALL = f"""\
+print("calling", train.__doc__)
+w, losses = train(w, {EPOCHS})
+"""
+# shape -> the notebook's cells, and the cell the training loop runs in
+SHAPES = {"cell": ((SETUP, TRAIN, REPORT), 1), "function": ((SETUP, TRAIN_DEF, CALL, REPORT), 2)}
 
-def _write(path: Path) -> None:
-    write_notebook(path, SETUP, TRAIN, REPORT)
+
+def _write(path: Path, shape: str = "cell") -> None:
+    write_notebook(path, *SHAPES[shape][0])
 
 
 @pytest.fixture(scope="session")
-def loop_reference(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
-    """The notebook run once, uninterrupted."""
+def loop_references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    """Each shape's notebook run once, uninterrupted."""
 
-    def make(where: Path) -> list[Any]:
-        _write(where / "train.ipynb")
+    def make(where: Path) -> dict[str, list[Any]]:
         (where / "hold").mkdir()
         env = {"LOOP_HOLD_DIR": str(where / "hold")}
-        r = cli("run", "train.ipynb", "ref.ipynb", "--run-dir", "ref", cwd=where, env=env)
-        assert r.returncode == 0, r.stderr
-        return comparable(load(where / "ref.ipynb"))
+        out = {}
+        for shape in SHAPES:
+            _write(where / f"{shape}.ipynb", shape)
+            r = cli("run", f"{shape}.ipynb", f"{shape}-ref.ipynb", cwd=where, env=env)
+            assert r.returncode == 0, r.stderr
+            out[shape] = comparable(load(where / f"{shape}-ref.ipynb"))
+            (where / "train.log").unlink()
+        return out
 
-    made: list[Any] = json.loads(json.dumps(made_once(tmp_path_factory, "in-cell-ref", make)))
-    return made
+    made = made_once(tmp_path_factory, "in-cell-refs", make)
+    found: dict[str, list[Any]] = json.loads(json.dumps(made))
+    return found
+
+
+@pytest.fixture
+def loop_reference(loop_references: dict[str, list[Any]]) -> list[Any]:
+    return loop_references["cell"]
 
 
 def _comparable(path: Path) -> list[Any]:
@@ -147,14 +183,21 @@ def _wipe(work: Path, node: dict[str, str]) -> None:
 
 
 def _killed_at(
-    args: list[str], work: Path, env: dict[str, str], place: Place, hold: Path, h: int
+    args: list[str],
+    work: Path,
+    env: dict[str, str],
+    place: Place,
+    hold: Path,
+    h: int,
+    cell: int = 1,
 ) -> None:
-    """Run ``spotbook ARGS`` until the checkpoint after iteration ``h - 1`` is in the
-    store and iteration ``h`` is held, then SIGKILL it (the node is gone)."""
+    """Run ``spotbook ARGS`` until the checkpoint after iteration ``h - 1`` of the loop in
+    ``cell`` is in the store and iteration ``h`` is held, then SIGKILL it (the node is
+    gone)."""
     (hold / f"hold-{h}").touch()
     proc = start_cli(*args, cwd=work, env=env)
     wait_for(
-        lambda: (hold / f"held-{h}").exists() and _checkpointed(place, 1) >= h,
+        lambda: (hold / f"held-{h}").exists() and _checkpointed(place, cell) >= h,
         timeout=120,
         what=f"the checkpoint after iteration {h - 1}",
         proc=proc,
@@ -173,33 +216,42 @@ def _attempts(work: Path, place: Place) -> list[dict[str, Any]]:
 
 @on("local", "s3")
 @pytest.mark.parametrize("new_node", [False, True], ids=["same-disk", "new-node"])
+@pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_loop_killed_twice_goes_on_at_the_next_iteration(
-    work: Path, place: Place, loop_reference: list[Any], new_node: bool
+    work: Path,
+    place: Place,
+    loop_references: dict[str, list[Any]],
+    new_node: bool,
+    shape: str,
 ) -> None:
-    _write(work / "train.ipynb")
+    _write(work / "train.ipynb", shape)
+    cell = SHAPES[shape][1]
     hold = work.parent / f"{work.name}-hold"
     hold.mkdir()
     node = _node(work, new_node)
     env = {**place.env, "LOOP_HOLD_DIR": str(hold), **node}
-    h1, h2 = sorted(random.Random(f"{SEED}-{place.kind}-{new_node}").sample(range(1, EPOCHS), 2))
+    rng = random.Random(f"{SEED}-{place.kind}-{new_node}-{shape}")
+    h1, h2 = sorted(rng.sample(range(1, EPOCHS), 2))
     run = ["run", "train.ipynb", "out.ipynb", "--run-dir", place.rd, "--snapshot-interval", "0"]
-    _killed_at(run, work, env, place, hold, h1)
+    _killed_at(run, work, env, place, hold, h1, cell)
     if new_node:
         _wipe(work, node)
-    _killed_at(["resume", place.rd], work, env, place, hold, h2)
+    _killed_at(["resume", place.rd], work, env, place, hold, h2, cell)
     if new_node:
         _wipe(work, node)
     r = cli("resume", place.rd, cwd=work, env=env)
     assert r.returncode == 0, r.stderr
-    assert _comparable(work / "out.ipynb") == loop_reference
+    assert _comparable(work / "out.ipynb") == loop_references[shape]
     attempts = _attempts(work, place)
     # each resume went on inside the training cell, at the iteration the kill interrupted:
     # nothing before it ran again (the iterations redone: that one only)
     inside = [a.get("resumed_in_cell") for a in attempts[1:]]
     assert [(i or {}).get("iteration") for i in inside] == [h1, h2], attempts
-    assert all(i["cell"] == 1 and i["loop"] == 0 and i["total"] == EPOCHS for i in inside)
+    assert all(i["cell"] == cell and i["loop"] == 0 and i["total"] == EPOCHS for i in inside)
     assert [a.get("replayed") for a in attempts[1:]] == [[], []]
-    assert "restored the kernel's state inside cell 2, iteration" in r.stderr
+    assert f"restored the kernel's state inside cell {cell + 1}, iteration" in r.stderr
+    if shape == "function":
+        assert "of its loop 1 of function train()" in r.stderr
     assert all(a["fidelity"]["exact"] for a in attempts[1:]), attempts
 
 

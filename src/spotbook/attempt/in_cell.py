@@ -85,10 +85,10 @@ class InCell:
         if r is None:
             return ""
         of = f" of {r['total']}" if r.get("total") is not None else ""
-        return (
-            f"cell {int(r['cell']) + 1}, iteration {int(r['iteration']) + 1}{of} of its "
-            f"loop {int(r['loop']) + 1}"
-        )
+        loop = f"loop {int(r['loop']) + 1}"
+        if r.get("function"):
+            loop += f" of function {str(r['function']).split(':', 1)[-1]}()"
+        return f"cell {int(r['cell']) + 1}, iteration {int(r['iteration']) + 1}{of} of its {loop}"
 
     # -- asking for them --------------------------------------------------------------
     def _python(self) -> bool:
@@ -116,7 +116,11 @@ class InCell:
         }
         r = self.resumed
         if r is not None and self._resume_cell == index:
-            asked["resume"] = {"loop": int(r["loop"]), "iteration": int(r["iteration"])}
+            asked["resume"] = {
+                "loop": int(r["loop"]),
+                "iteration": int(r["iteration"]),
+                **{k: r[k] for k in ("function", "stmt") if k in r},
+            }
             self._resume_cell = None
         return {REQUEST_KEY: asked}
 
@@ -166,6 +170,12 @@ class InCell:
             "cell_seconds": round(float(said.get("cell_seconds") or 0.0), 6),
             "outputs": outputs,
             **({"notice": True} if said.get("notice") else {}),
+            # a loop of the notebook's function: which, and the cell's statement calling it
+            **(
+                {"function": str(said["function"]), "stmt": int(said["stmt"])}
+                if said.get("function")
+                else {}
+            ),
         }
         journal.fence()
         run.store.write_loop_checkpoint(CellKey(index, journal.attempt), doc)
@@ -196,6 +206,9 @@ class InCell:
         key = f"{index}:{said['loop']}"
         if key not in named:
             named[key] = str(said["unresumable"])
+            if said.get("function"):
+                fn = str(said["function"]).split(":", 1)[-1]
+                named[key] = f"in function {fn}(): {named[key]}"
             # written now: the next attempt names it, should a kill come in this loop
             journal.note(loops_not_resumable=named)
             log.info(

@@ -125,8 +125,14 @@ def _call(func: str, *args: ast.expr) -> ast.Call:
     )
 
 
+_SIMPLE_STATEMENTS = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign)
+_F = "__spotbook_f"  # a resumable function's local: what it goes on from (None: a new call)
+_L = "__spotbook_l"
+
+
 class LoopPoints(ast.NodeTransformer):
-    """IPython's AST transformer: the top-level loops of a cell the runner asked for."""
+    """IPython's AST transformer: the top-level loops of a cell the runner asked for, and
+    those of the functions the cell defines (at the top level of the function's body)."""
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
         asked = _request_meta()
@@ -136,29 +142,149 @@ class LoopPoints(ast.NodeTransformer):
         _config.clear()
         _config.update(asked)
         _state["cell_started"] = _state["last"] = time.monotonic()
-        resume = asked.get("resume") or None
         body = list(node.body)
+        # where each top-level statement is, for a function's loop to say which one
+        # called it (resumed from that statement)
+        _config["statements"] = [
+            (stmt.lineno, stmt.end_lineno or stmt.lineno, isinstance(stmt, _SIMPLE_STATEMENTS))
+            for stmt in body
+        ]
+        for stmt in body:
+            if isinstance(stmt, ast.FunctionDef):
+                _resumable_function(stmt, f"{asked.get('cell')}:{stmt.name}")
         loops = [i for i, stmt in enumerate(body) if isinstance(stmt, ast.For)]
-        if resume is not None:
-            n = int(resume["loop"])
-            if n >= len(loops):  # (the runner checks the source first; never a guess)
-                raise ValueError(f"spotbook: the cell has no loop {n} to resume")
-            at = loops[n]
-            loop = body[at]
-            assert isinstance(loop, ast.For)
-            loop.iter = _call("resume", ast.Constant(n))
-            rest = body[at + 1 :]
-            for k, i in enumerate(loops[n + 1 :], start=n + 1):
-                stmt = body[i]
-                assert isinstance(stmt, ast.For)
-                stmt.iter = _call("iterate", ast.Constant(k), stmt.iter)
-            node.body = [loop, *rest]
-            return node
+        resume = asked.get("resume") or None
+        start, resumed = 0, None
+        if resume is not None and resume.get("function"):
+            start = int(resume["stmt"])  # the statement that called the function
+        elif resume is not None:
+            resumed = int(resume["loop"])
+            if resumed >= len(loops):  # (the runner checks the source first; never a guess)
+                raise ValueError(f"spotbook: the cell has no loop {resumed} to resume")
+            start = loops[resumed]
         for k, i in enumerate(loops):
             stmt = body[i]
             assert isinstance(stmt, ast.For)
-            stmt.iter = _call("iterate", ast.Constant(k), stmt.iter)
+            if k == resumed:
+                stmt.iter = _call("resume", ast.Constant(k))
+            elif i >= start:
+                stmt.iter = _call("iterate", ast.Constant(k), stmt.iter)
+        node.body = body[start:]
         return node
+
+
+def _local_names(fn: ast.FunctionDef) -> list[str]:
+    """The names a function binds in its own scope (its locals), in order of appearance."""
+    names: dict[str, None] = {}
+    declared: set[str] = set()
+    a = fn.args
+    for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+        if arg is not None:
+            names[arg.arg] = None
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names[child.name] = None  # bound here; its inside is another scope
+                continue
+            if isinstance(child, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp):
+                continue
+            if isinstance(child, ast.GeneratorExp):
+                continue
+            if isinstance(child, ast.Global | ast.Nonlocal):
+                declared.update(child.names)
+            elif isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                names[child.id] = None
+            elif isinstance(child, ast.alias):
+                names[(child.asname or child.name).split(".")[0]] = None
+            elif isinstance(child, ast.ExceptHandler) and child.name:
+                names[child.name] = None
+            walk(child)
+
+    for stmt in fn.body:
+        walk(stmt)
+    return [n for n in names if n not in declared and not n.startswith("__spotbook")]
+
+
+def _resumable_function(fn: ast.FunctionDef, fid: str) -> None:
+    """Make the top-level loops of ``fn``'s body resume points: on a resumed call, its
+    locals come back as they were at the checkpoint and it goes on inside that loop."""
+    body = list(fn.body)
+    doc: list[ast.stmt] = []  # the docstring stays the function's first statement
+    if ast.get_docstring(fn, clean=False) is not None:
+        doc, body = body[:1], body[1:]
+    loops = [i for i, stmt in enumerate(body) if isinstance(stmt, ast.For)]
+    if not loops or any(isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(fn)):
+        return  # nothing to resume, or a generator (its frame is not saved)
+    f = ast.Name(id=_F, ctx=ast.Load())
+
+    def resumed_at(op: ast.cmpop, k: int) -> ast.expr:
+        """``__spotbook_f is None or k OP __spotbook_f["loop"]``: whether to run a part."""
+        where = ast.Subscript(value=f, slice=ast.Constant("loop"), ctx=ast.Load())
+        return ast.BoolOp(
+            op=ast.Or(),
+            values=[
+                ast.Compare(left=f, ops=[ast.Is()], comparators=[ast.Constant(None)]),
+                ast.Compare(left=ast.Constant(k), ops=[op], comparators=[where]),
+            ],
+        )
+
+    restore: list[ast.stmt] = [
+        ast.Assign(
+            targets=[ast.Name(id=_L, ctx=ast.Store())],
+            value=ast.Subscript(value=f, slice=ast.Constant("locals"), ctx=ast.Load()),
+        )
+    ]
+    for name in _local_names(fn):
+        restore.append(
+            ast.If(
+                test=ast.Compare(
+                    left=ast.Constant(name),
+                    ops=[ast.In()],
+                    comparators=[ast.Name(id=_L, ctx=ast.Load())],
+                ),
+                body=[
+                    ast.Assign(
+                        targets=[ast.Name(id=name, ctx=ast.Store())],
+                        value=ast.Subscript(
+                            value=ast.Name(id=_L, ctx=ast.Load()),
+                            slice=ast.Constant(name),
+                            ctx=ast.Load(),
+                        ),
+                    )
+                ],
+                orelse=[],
+            )
+        )
+    out: list[ast.stmt] = [
+        ast.Assign(
+            targets=[ast.Name(id=_F, ctx=ast.Store())], value=_call("enter", ast.Constant(fid))
+        ),
+        ast.If(
+            test=ast.Compare(left=f, ops=[ast.IsNot()], comparators=[ast.Constant(None)]),
+            body=restore,
+            orelse=[],
+        ),
+    ]
+    segment: list[ast.stmt] = []
+    k = 0
+    for stmt in body:
+        if not isinstance(stmt, ast.For):
+            segment.append(stmt)
+            continue
+        if segment:  # the statements before loop k: run unless resumed at loop k or later
+            out.append(ast.If(test=resumed_at(ast.Gt(), k), body=segment, orelse=[]))
+            segment = []
+        make = ast.Lambda(
+            args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=stmt.iter,
+        )
+        stmt.iter = _call("iterate_in", ast.Constant(fid), ast.Constant(k), make, f)
+        out.append(ast.If(test=resumed_at(ast.GtE(), k), body=[stmt], orelse=[]))
+        k += 1
+    out.extend(segment)  # after the last loop: always
+    fn.body = [*doc, *out]
+    ast.fix_missing_locations(fn)
 
 
 def install(shell: Any) -> None:
@@ -173,6 +299,28 @@ def iterate(loop: int, iterable: Any) -> Iterator[Any]:
     it = iter(iterable)
     total = _total(iterable)
     return _steps(loop, it, 0, total)
+
+
+def iterate_in(fid: str, loop: int, make: Any, resumed: dict[str, Any] | None) -> Iterator[Any]:
+    """Loop ``loop`` of the notebook's function ``fid``: as :func:`iterate` of what
+    ``make()`` gives, or, in the call resumed at this loop, the rest of it."""
+    if resumed is not None and resumed.get("loop") == loop:
+        return _steps(loop, resumed["iter"], int(resumed["iteration"]), resumed.get("total"), fid)
+    iterable = make()
+    return _steps(loop, iter(iterable), 0, _total(iterable), fid)
+
+
+def enter(fid: str) -> dict[str, Any] | None:
+    """At the start of a call of the notebook's function ``fid``: what it goes on from,
+    if this call is the one a resumed cell makes again (once), else None."""
+    from IPython import get_ipython
+
+    ns = get_ipython().user_ns
+    saved = ns.get(POSITION)
+    if isinstance(saved, dict) and saved.get("function") == fid:
+        ns.pop(POSITION, None)
+        return saved
+    return None
 
 
 def resume(loop: int) -> Iterator[Any]:
@@ -195,17 +343,27 @@ def _total(iterable: Any) -> int | None:
         return None
 
 
-def _steps(loop: int, it: Iterator[Any], done: int, total: int | None) -> Iterator[Any]:
+def _steps(
+    loop: int, it: Iterator[Any], done: int, total: int | None, fid: str = ""
+) -> Iterator[Any]:
     why = why_not_resumable(it) if _config else ""
     if why and _config:
-        _tell({"loop": loop, "unresumable": why})
+        _tell({"loop": loop, "unresumable": why, **({"function": fid} if fid else {})})
     for item in it:
         yield item
         done += 1  # the body of that iteration has run: a boundary
         if _config and not why:
             notice = _notice_given()
             if notice or _due():
-                _checkpoint(loop, it, done, total, notice)
+                position = {"loop": loop, "iter": it, "iteration": done, "total": total}
+                if fid:  # the call's frame: its locals, and the cell's statement that made it
+                    where = _call_site(sys._getframe(1), fid)
+                    if isinstance(where, str):
+                        why = where
+                        _tell({"loop": loop, "unresumable": why, "function": fid})
+                        continue
+                    position.update(where)
+                _checkpoint(position, notice)
                 if notice:
                     from .helpers import preempted
 
@@ -242,15 +400,40 @@ def _tell(payload: dict[str, Any]) -> None:
     get_ipython().display_pub.publish(data={CHECKPOINT_MIME: payload}, metadata={})
 
 
-def _checkpoint(loop: int, it: Any, done: int, total: int | None, notice: bool) -> None:
+def _call_site(frame: Any, fid: str) -> dict[str, Any] | str:
+    """Where the notebook's function ``fid`` (running in ``frame``) was called from: its
+    locals and the cell's top-level statement that called it; or why it cannot be
+    resumed from there (a statement that would run other things again, another caller)."""
+    from IPython import get_ipython
+
+    caller = frame.f_back
+    if caller is None or caller.f_globals is not get_ipython().user_ns:
+        return f"function {fid.split(':', 1)[1]} was not called by the cell itself"
+    if caller.f_code.co_name != "<module>":
+        return f"function {fid.split(':', 1)[1]} was called by another function"
+    line = caller.f_lineno
+    for n, (first, last, simple) in enumerate(_config.get("statements") or ()):
+        if first <= line <= last:
+            if not simple:
+                return (
+                    f"function {fid.split(':', 1)[1]} was called inside a compound statement "
+                    "(a loop, a with or an if block) of the cell"
+                )
+            names = {k: v for k, v in frame.f_locals.items() if not k.startswith("__spotbook")}
+            return {"function": fid, "stmt": n, "locals": names}
+    return f"the call of function {fid.split(':', 1)[1]} was not found in the cell"
+
+
+def _checkpoint(position: dict[str, Any], notice: bool) -> None:
     from IPython import get_ipython
 
     from . import session
     from .pickling import Blobs
 
     t0 = time.monotonic()
+    loop, done = position["loop"], position["iteration"]
     ns = get_ipython().user_ns
-    ns[POSITION] = {"loop": loop, "iter": it, "iteration": done, "total": total}
+    ns[POSITION] = position
     try:
         with session._outputs_apart():
             manifest = session.take_in_cell(Blobs(_config["blob_dir"]))
@@ -260,6 +443,11 @@ def _checkpoint(loop: int, it: Any, done: int, total: int | None, notice: bool) 
         return
     finally:
         ns.pop(POSITION, None)
+    saved = (manifest.get("vars") or {}).get(POSITION) or {}
+    if saved.get("kind") == "unserialisable":  # the loop's position cannot come back
+        _tell({"loop": loop, "unresumable": f"its position cannot be saved ({saved.get('error')})"})
+        _state["last"] = time.monotonic()
+        return
     _state["seq"] += 1
     base = os.path.join(_config["dir"], f"loop-{os.getpid()}-{_state['seq']}")
     with open(base + ".json", "w") as fh:
@@ -270,7 +458,8 @@ def _checkpoint(loop: int, it: Any, done: int, total: int | None, notice: bool) 
             {
                 "loop": loop,
                 "iteration": done,
-                "total": total,
+                "total": position["total"],
+                **{k: position[k] for k in ("function", "stmt") if k in position},
                 "manifest": base + ".json",
                 "gate": base + ".go",
                 "kernel_seconds": time.monotonic() - t0,
