@@ -51,14 +51,16 @@ airflow_venv() {
 }
 step airflow airflow_venv
 . scripts/_venv.sh "[test,demo]"
-# torch's CPU build, where a wheel of it lies on this machine (a plain `pip install
-# torch` would fetch a CUDA build of several GB): the resume tests then cover torch too
+# torch, for the resume tests of torch state and training loops (tests/test_in_cell.py,
+# the object-class table): its CPU build where a wheel of it lies on this machine, else
+# the package index's build (CUDA's, some GB, which runs on the CPU too); pip's cache
+# keeps it for the next run on the same machine
 torch_cpu() {
   if python -c "import torch" 2>/dev/null; then return; fi
   if python -m pip install -q --dry-run --no-index --no-deps torch==2.13.0 >/dev/null 2>&1; then
     python -m pip install -q torch==2.13.0
   else
-    echo "note: no local torch wheel; the object-class table runs without torch"
+    python -m pip install -q torch
   fi
 }
 step torch torch_cpu

@@ -103,8 +103,41 @@ CALL = f"""\
 print("calling", train.__doc__)
 w, losses = train(w, {EPOCHS})
 """
+# a torch training loop: a model, SGD with momentum, a learning-rate schedule and a
+# DataLoader that shuffles (its order drawn from torch's generator at each epoch)
+TORCH = f"""\
+import torch
+torch.manual_seed(3)
+Xt = torch.randn(96, 8)
+Yt = Xt @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.05 * torch.randn(96, 1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+loader = torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(Xt, Yt), batch_size=16, shuffle=True
+)
+losses = []
+for epoch in range({EPOCHS}):
+    for xb, yb in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+    sched.step()
+    losses.append(loss.item())
+    with open("train.log", "a") as log:
+        log.write(f"{{epoch}} {{loss.item()!r}}\\n")
+    hold(epoch)
+    print(f"epoch {{epoch}} loss {{loss.item()!r}} lr {{sched.get_last_lr()[0]!r}}")
+weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+print("weights", hashlib.sha256(weights).hexdigest())
+"""
 # shape -> the notebook's cells, and the cell the training loop runs in
-SHAPES = {"cell": ((SETUP, TRAIN, REPORT), 1), "function": ((SETUP, TRAIN_DEF, CALL, REPORT), 2)}
+SHAPES = {
+    "cell": ((SETUP, TRAIN, REPORT), 1),
+    "function": ((SETUP, TRAIN_DEF, CALL, REPORT), 2),
+    "torch": ((SETUP, TORCH, REPORT), 1),
+}
 
 
 def _write(path: Path, shape: str = "cell") -> None:
@@ -120,6 +153,8 @@ def loop_references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[
         env = {"LOOP_HOLD_DIR": str(where / "hold")}
         out = {}
         for shape in SHAPES:
+            if shape == "torch" and not _torch():
+                continue
             _write(where / f"{shape}.ipynb", shape)
             r = cli("run", f"{shape}.ipynb", f"{shape}-ref.ipynb", cwd=where, env=env)
             assert r.returncode == 0, r.stderr
@@ -214,6 +249,14 @@ def _attempts(work: Path, place: Place) -> list[dict[str, Any]]:
     return attempts
 
 
+def _torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @on("local", "s3")
 @pytest.mark.parametrize("new_node", [False, True], ids=["same-disk", "new-node"])
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -224,6 +267,8 @@ def test_a_loop_killed_twice_goes_on_at_the_next_iteration(
     new_node: bool,
     shape: str,
 ) -> None:
+    if shape == "torch" and not _torch():
+        pytest.skip("torch is not installed (scripts/check.sh installs it)")
     _write(work / "train.ipynb", shape)
     cell = SHAPES[shape][1]
     hold = work.parent / f"{work.name}-hold"
