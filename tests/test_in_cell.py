@@ -379,3 +379,29 @@ def test_a_loop_that_cannot_be_resumed_reruns_its_cell_and_is_named(work: Path) 
     assert any("cell 2 runs again from its first line" in s and "generator" in s for s in said)
     outputs = load(work / "out.ipynb")["cells"][1]["outputs"]
     assert "".join(outputs[0]["text"]).splitlines()[-1] == "batch 5 15"
+
+
+def test_simulate_models_a_long_training_cell_with_checkpoints_inside_it(work: Path) -> None:
+    """`spotbook simulate` of a run whose cell ran a resumable loop: the loop run to 3 h
+    (one cell, not 3 h of cells), preempted once an hour, costs about what an
+    uninterrupted run costs when resumed inside the cell, and several times that when a
+    preemption loses the whole cell (resumed between cells only, as before issue 57)."""
+    write_notebook(work / "nb.ipynb", SETUP, TRAIN, REPORT)
+    hold = work.parent / f"{work.name}-hold"
+    hold.mkdir()
+    env = {"LOOP_HOLD_DIR": str(hold)}
+    r = cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    loops = RunStore(str(work / "rd")).cell_records()[1]["loops"]
+    assert [(loop["loop"], loop["iterations"]) for loop in loops] == [(0, EPOCHS)]
+    args = ["simulate", "--from", "rd", "--duration", "3h", "--hazard", "1", "--json"]
+    r = cli(*args, "--trials", "400", cwd=work)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    rows = doc["strategies"]
+    assert doc["profile"]["compute_hours"] == pytest.approx(3.0, rel=0.01)
+    inside = rows["resume, auto policy"]["cost_ratio"]
+    between = rows["resume, between cells only"]["cost_ratio"]
+    assert inside <= 1.05, rows
+    assert between >= 4.0, rows  # (e^3 - 1) / 3 = 6.4 with no time to a node
+    assert rows["restart from scratch"]["cost_ratio"] >= between * 0.95

@@ -144,6 +144,9 @@ class CellLoop:
                 ok = exiting and result.error["evalue"] in _EXIT_OK
                 status = CellStatus.EXITED if ok else CellStatus.FAILED
             record = journal.record(index, result, t0, duration, status, run.kernel)
+            loops = run.in_cell.loops_of(index)
+            if loops:  # where the cell can be resumed from inside, and how often
+                record["loops"] = loops
             snaps.note_files(record)
             if record.pop("checkpoint", False):
                 # what the cell saved in checkpoint_dir() is in the store before its record

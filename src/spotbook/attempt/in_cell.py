@@ -47,6 +47,7 @@ class InCell:
         self._resume_cell: int | None = None  # the cell still to be resumed inside
         self._outputs_cell: int | None = None  # ... whose outputs are still to be given
         self.off = ""  # why there are none in this attempt ("" while there may be)
+        self._finished: dict[int, list[dict[str, Any]]] = {}  # the loops each cell ran
 
     # -- going on from one ------------------------------------------------------------
     def find(self, start: int) -> dict[str, Any] | None:
@@ -90,6 +91,11 @@ class InCell:
             loop += f" of function {str(r['function']).split(':', 1)[-1]}()"
         return f"cell {int(r['cell']) + 1}, iteration {int(r['iteration']) + 1}{of} of its {loop}"
 
+    def loops_of(self, index: int) -> list[dict[str, Any]]:
+        """The resumable loops cell ``index`` ran to their end: iterations and seconds
+        (for its record: ``spotbook simulate`` cuts the cell at its iterations)."""
+        return self._finished.pop(index, [])
+
     # -- asking for them --------------------------------------------------------------
     def _python(self) -> bool:
         info = self.run.nb.metadata.get("kernelspec") or {}
@@ -129,6 +135,15 @@ class InCell:
         """What a loop of cell ``index`` told the runner (``outputs``: the cell's so far)."""
         if "unresumable" in said:
             self._unresumable(index, said)
+            return
+        if "finished" in said:  # a loop ended: how its iterations went, for the record
+            self._finished.setdefault(index, []).append(
+                {
+                    "loop": int(said["loop"]),
+                    "iterations": int(said["finished"]) - int(said.get("from") or 0),
+                    "seconds": round(float(said.get("seconds") or 0.0), 6),
+                }
+            )
             return
         if "error" in said:
             why = said["error"]

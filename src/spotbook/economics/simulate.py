@@ -73,6 +73,10 @@ class Profile:
     snapshot_measured: bool = True
     # a tiled run: the cells after the first run this many times
     repeat: int = 1
+    # a run whose cells ran resumable loops (checkpoints inside cells): ``cells`` has each
+    # such cell cut at its iterations, and this is the same run with its cells whole (as
+    # resumed between cells only); None where no cell ran one
+    whole: tuple[float, ...] | None = None
 
     @property
     def count(self) -> int:
@@ -114,16 +118,82 @@ def snapshot_costs(doc: dict[str, Any]) -> tuple[float, float, float | None] | N
     return kernel, cost, written
 
 
+def _loops(record: dict[str, Any]) -> list[tuple[int, float]]:
+    """The resumable loops a cell ran (its record's ``loops``): (iterations, seconds)."""
+    found = []
+    for loop in record.get("loops") or ():
+        if not isinstance(loop, dict):
+            continue
+        n, t = loop.get("iterations"), loop.get("seconds")
+        if isinstance(n, int) and n > 1 and isinstance(t, int | float) and math.isfinite(t):
+            found.append((n, max(float(t), 0.0)))
+    return found
+
+
+def _cells(
+    records: dict[int, dict[str, Any]], *, cut: bool, scale: float = 1.0
+) -> tuple[float, ...]:
+    """The cells' compute. ``cut``: a cell that ran resumable loops becomes the time
+    around its loops, then one cell per iteration (a checkpoint may follow any of them);
+    ``scale``: those loops run that many times as many iterations (a longer training)."""
+    cells: list[float] = []
+    for i in sorted(records):
+        duration = float(records[i].get("duration") or 0.0)
+        loops = _loops(records[i])
+        inside = sum(t for _, t in loops)
+        if not loops:
+            cells.append(duration)
+        elif not cut:
+            cells.append(max(duration - inside, 0.0) + inside * scale)
+        else:
+            cells.append(max(duration - inside, 0.0))
+            for n, t in loops:
+                m = max(round(n * scale), 1)
+                # iterations a checkpoint may follow; many short ones are grouped (at most
+                # _MAX_STEPS a loop: a day of millisecond epochs is not listed one by one)
+                group = math.ceil(m / _MAX_STEPS)
+                full, rest = divmod(m, group)
+                cells.extend([t / n * group] * full)
+                if rest:
+                    cells.append(t / n * rest)
+    return tuple(cells)
+
+
+_MAX_STEPS = 5000
+
+
+def lengthened(store: RunStore, duration: float) -> Profile:
+    """The profile of the run in ``store`` with its resumable loops run for more
+    iterations until its compute reaches ``duration`` (a training cell of that length,
+    not more cells), or tiled (:meth:`Profile.tiled`) where no cell ran one."""
+    profile = profile_from_run(store)
+    if profile.whole is None or duration <= profile.compute:
+        return profile.tiled(duration)
+    records = store.cell_records()
+    inside = sum(t for r in records.values() for _, t in _loops(r))
+    if inside <= 0:
+        return profile.tiled(duration)
+    scale = (duration - (sum(profile.whole) - inside)) / inside
+    return dataclasses.replace(
+        profile,
+        cells=_cells(records, cut=True, scale=scale),
+        whole=_cells(records, cut=False, scale=scale),
+        source=f"{profile.source}, its loops run to {duration / HOUR:g} h",
+    )
+
+
 def profile_from_run(store: RunStore) -> Profile:
-    """The profile of the run in ``store``: its cells' durations, its snapshots' mean
-    cost (the kernel's side), and its attempts' kernel start and restore times."""
+    """The profile of the run in ``store``: its cells' durations (a cell that ran a
+    resumable loop cut at its iterations), its snapshots' mean cost (the kernel's side),
+    and its attempts' kernel start and restore times."""
     records = store.cell_records()
     if not records:
         raise UsageError(
             f"the run in {store.url} has no finished cells to measure: simulate takes a run "
             "that has run (`spotbook run` or `spotbook resume` it first)"
         )
-    cells = tuple(float(records[i].get("duration") or 0.0) for i in sorted(records))
+    cells = _cells(records, cut=True)
+    whole = _cells(records, cut=False)
     costs = []  # what each snapshot stopped the notebook for
     writes = []  # what writing each took (the same for a synchronous one)
     background = []  # of those, written in the background while the cells went on
@@ -185,6 +255,7 @@ def profile_from_run(store: RunStore) -> Profile:
         first_snapshot_after=first_after,
         write_seconds=statistics.mean(background) if background else 0.0,
         snapshot_measured=bool(costs),
+        whole=whole if whole != cells else None,
     )
 
 
@@ -619,26 +690,36 @@ def simulate_run(
         raise UsageError(
             f"--hazard {hazard_per_hour:g}/h: at most {MAX_HAZARD:g} preemptions an hour"
         )
-    profile = profile_from_run(store)
-    if duration is not None:
-        profile = profile.tiled(duration)
+    profile = profile_from_run(store) if duration is None else lengthened(store, duration)
     # resume under the auto policy and at Young/Daly's interval (and at ``interval``, if
-    # given), and restart from scratch
+    # given), and restart from scratch; where the run's cells ran resumable loops, also
+    # as resumed between cells only (a kill inside a cell losing the whole cell)
     mtbf = HOUR / hazard_per_hour if hazard_per_hour else float("inf")
     optimal = young_daly(profile.snapshot_seconds, mtbf) if hazard_per_hour else None
-    rows: list[tuple[str, str, float | None]] = [
-        ("resume, auto policy", "resume", auto_interval(profile, hazard_per_hour)),
-        ("resume, Young/Daly interval", "resume", optimal),
-        ("restart from scratch", "restart", None),
+    rows: list[tuple[str, str, float | None, Profile]] = [
+        ("resume, auto policy", "resume", auto_interval(profile, hazard_per_hour), profile),
+        ("resume, Young/Daly interval", "resume", optimal, profile),
+        ("restart from scratch", "restart", None, profile),
     ]
     if interval is not None:
-        rows.insert(2, (f"resume, every {interval:g} s", "resume", interval))
+        rows.insert(2, (f"resume, every {interval:g} s", "resume", interval, profile))
+    if profile.whole is not None:
+        between = dataclasses.replace(profile, cells=profile.whole, whole=None)
+        rows.insert(
+            -1,
+            (
+                "resume, between cells only",
+                "resume",
+                auto_interval(between, hazard_per_hour),
+                between,
+            ),
+        )
     first = {"resume, auto policy": profile.first_snapshot_after}
     estimates = [
         (
             name,
             simulate(
-                profile,
+                used,
                 strategy,
                 interval=every,
                 first_interval=first.get(name),
@@ -649,7 +730,7 @@ def simulate_run(
                 trace=trace,
             ),
         )
-        for name, strategy, every in rows
+        for name, strategy, every, used in rows
         if strategy == "restart" or every is not None
     ]
     check = (

@@ -29,7 +29,7 @@ import os
 import select
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 # where the runner's execute request carries what a cell's loops do (its metadata)
@@ -349,6 +349,17 @@ def _steps(
     why = why_not_resumable(it) if _config else ""
     if why and _config:
         _tell({"loop": loop, "unresumable": why, **({"function": fid} if fid else {})})
+    began, first = time.monotonic(), done
+    done = yield from _items(loop, it, done, total, fid, why)
+    if _config and not why and _config.get("cell") is not None:
+        # how long its iterations took: the profile `spotbook simulate` cuts the cell by
+        _tell({"loop": loop, "finished": done, "from": first, "seconds": time.monotonic() - began})
+
+
+def _items(
+    loop: int, it: Iterator[Any], done: int, total: int | None, fid: str, why: str
+) -> Generator[Any, None, int]:
+    """The loop's items, a checkpoint at each due boundary; returns how many were done."""
     for item in it:
         yield item
         done += 1  # the body of that iteration has run: a boundary
@@ -357,7 +368,8 @@ def _steps(
             if notice or _due():
                 position = {"loop": loop, "iter": it, "iteration": done, "total": total}
                 if fid:  # the call's frame: its locals, and the cell's statement that made it
-                    where = _call_site(sys._getframe(1), fid)
+                    # (the frame that draws the items: above this and :func:`_steps`)
+                    where = _call_site(sys._getframe(2), fid)
                     if isinstance(where, str):
                         why = where
                         _tell({"loop": loop, "unresumable": why, "function": fid})
@@ -372,6 +384,7 @@ def _steps(
                         f"stopped after iteration {done} on the node's notice; the run "
                         "goes on from here on the next node"
                     )
+    return done
 
 
 def _notice_given() -> bool:
