@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
     from .snapshots import Snapshots
 
 log = logging.getLogger(__name__)
+# ``SPOTBOOK_LOOP_CHECKPOINTS=0``: no checkpoints inside cells (each cell resumes from its
+# first line, as before issue 57): for a notebook whose loops must not be rewritten, and
+# for bench/bench_in_cell.py's comparison
+OFF_ENV = "SPOTBOOK_LOOP_CHECKPOINTS"
 
 
 class InCell:
@@ -46,7 +51,8 @@ class InCell:
         self.pauses: list[float] = []
         self._resume_cell: int | None = None  # the cell still to be resumed inside
         self._outputs_cell: int | None = None  # ... whose outputs are still to be given
-        self.off = ""  # why there are none in this attempt ("" while there may be)
+        # why there are none in this attempt ("" while there may be)
+        self.off = f"{OFF_ENV}=0" if os.environ.get(OFF_ENV) == "0" else ""
         self._finished: dict[int, list[dict[str, Any]]] = {}  # the loops each cell ran
 
     # -- going on from one ------------------------------------------------------------
@@ -54,7 +60,7 @@ class InCell:
         """The checkpoint inside cell ``start`` to go on from, if there is one (then the
         snapshot to restore, as the state before that cell)."""
         snaps = self.snapshots
-        if not snaps.enabled or not self._python():
+        if self.off or not snaps.enabled or not self._python():
             return None
         doc = self.run.store.loop_checkpoint(start)
         if doc is None:
