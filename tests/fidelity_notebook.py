@@ -136,10 +136,17 @@ huge = np.ones(20_000_000)""",
     """state = {**state, 'n': state['n'] + 1}
 next(g)
 got = q.get()""",
-    # 10: another; with FID_GATE set it also waits for that file, so a test that kills the
-    # run N times can release it only after the N-th kill (the run cannot end before)
-    "while os.environ.get('FID_GATE') and not os.path.exists(os.environ['FID_GATE']):\n"
-    "    time.sleep(0.01)\n"
+    # 10: a loop (a resume point inside the cell: issue 57); with FID_GATE set its second
+    # iteration also waits for that file, so a test that kills the run N times can
+    # release it only after the N-th kill (the run cannot end before), and a kill there
+    # comes after the checkpoint of its first iteration where one is due
+    "loop_draws = []\n"
+    "for step in range(3):\n"
+    "    loop_draws.append(float(np.random.rand()))\n"
+    "    while step == 1 and os.environ.get('FID_GATE') and not os.path.exists(\n"
+    "        os.environ['FID_GATE']\n"
+    "    ):\n"
+    "        time.sleep(0.01)\n"
     "time.sleep(1.2)",
     # 11: the checks
     """import fid_helper
@@ -153,6 +160,7 @@ show('cwd', os.path.relpath(os.getcwd(), WORK))
 show('sys.path', fid_helper.VALUE)
 show('environ', (os.environ.get('FID_SET'), os.environ.get('FID_DROP')))
 show('random', (drawn[:3], random.random()))
+show('in-loop', (loop_draws, step))
 show('numpy.random', (drawn[3], float(np.random.rand())))
 show('pandas option', pd.get_option('display.max_rows'))
 show('pandas import default', pd.get_option('display.max_columns'))
@@ -207,7 +215,8 @@ PATTERNS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
     "sys.path": ((0, 1), ()),
     "environ": ((1,), ()),
     "random": ((1,), ("drawn",)),
-    "numpy.random": ((1, 7), ("drawn",)),
+    "numpy.random": ((1, 7, 10), ("drawn",)),
+    "in-loop": ((10,), ("loop_draws", "step")),
     "pandas option": ((1,), ()),
     "pandas import default": ((0,), ()),
     "rcParams": ((1,), ()),
@@ -251,6 +260,7 @@ RENDERED = {12: "pandas rendering", 13: "IPython display settings", 9: "IPython 
 CHECKS = 11  # the cell that prints the PATTERN lines
 KILL_CELLS = {"after-change": 5, "later-cell": 9}  # kill once this many cells committed
 GATE = 10  # the cell that waits for FID_GATE: records of the cells before it commit, not it
+LOOP = 10  # the cell whose loop is a resume point (its first iteration never waits)
 
 
 def write(path: Path) -> None:

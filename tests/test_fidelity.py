@@ -131,12 +131,32 @@ CASES = [
 # staged snapshots (no fork: as for torch, polars or LightGBM kernels), forced for this
 # notebook: a kill while the kernel's writer thread writes, and a kill on a later cell
 # resumed on a new node
+# killed inside a loop, after the checkpoint of its first iteration (issue 57): the resume
+# goes on at its second iteration, on the same node and on a new one
+CASES += [
+    ("local", "every-cell", "in-loop"),
+    ("local", "auto", "in-loop"),
+    ("s3", "every-cell", "in-loop"),
+    ("local", "every-cell", "in-loop-new-node"),
+    ("s3", "auto", "in-loop-new-node"),
+]
 CASES += [
     ("local", "every-cell", "staged-write"),
     ("local", "auto", "staged-write"),
     ("local", "every-cell", "staged-new-node"),
     ("s3", "every-cell", "staged-new-node"),
 ]
+
+
+def _loop_checkpointed(place: Place) -> int:
+    """The iteration the newest checkpoint inside the loop cell was taken after (-1)."""
+    store = RunStore(place.url)
+    found = -1
+    for name in store.names("state/loop"):
+        if name.startswith(f"{fnb.LOOP:05d}-"):
+            doc = store.read_json(f"state/loop/{name}") or {}
+            found = max(found, int((doc.get("in_cell") or {}).get("iteration", -1)))
+    return found
 
 
 def _wipe_node(work: Path, env: dict[str, str]) -> None:
@@ -172,11 +192,16 @@ def test_resume_is_identical_or_names_what_differs(
     if staged:
         env["SPOTBOOK_SNAPSHOT_STAGED"] = "1"
         point = point.removeprefix("staged-")
+    in_loop = point.startswith("in-loop")
+    if in_loop:
+        point = point.removeprefix("in-loop").removeprefix("-") or "in-loop"
     if point == "new-node":
         for var, name in (("HOME", "home"), ("TMPDIR", "tmp")):
             env[var] = str(work.parent / f"{work.name}-{name}")
             os.makedirs(env[var], exist_ok=True)
     extra = ["--snapshot-interval", "1"] if mode == "auto" else []
+    if in_loop:  # a checkpoint at every boundary of the loop
+        extra = ["--snapshot-interval", "0"]
     proc = start_cli(
         "run",
         "fid.ipynb",
@@ -197,6 +222,13 @@ def test_resume_is_identical_or_names_what_differs(
         blobs = Path(place.url) / "state" / "blobs"
         wait_for(blobs.is_dir, timeout=120, what="the first snapshot's blobs")
         on_created(blobs, lambda name: ".tmp-" in name, lambda: os.kill(proc.pid, signal.SIGKILL))
+    elif in_loop:
+        wait_for(
+            lambda: _loop_checkpointed(place) >= 1,
+            timeout=120,
+            what="the checkpoint after the loop's first iteration",
+            proc=proc,
+        )
     else:
         k = fnb.KILL_CELLS["later-cell" if point == "new-node" else point]
         wait_for(lambda: place.committed() >= k, timeout=120, what=f"{k} cells committed")
@@ -212,7 +244,10 @@ def test_resume_is_identical_or_names_what_differs(
     r = cli("resume", place.rd, cwd=work, env=resume_env)
     assert r.returncode == 0, r.stderr
     got = fnb.patterns(load(work / "out.ipynb"))
-    fidelity = _status(work, place)["attempts"][-1].get("fidelity") or {}
+    last = _status(work, place)["attempts"][-1]
+    fidelity = last.get("fidelity") or {}
+    if in_loop:  # it went on inside the loop, at its second iteration
+        assert (last.get("resumed_in_cell") or {}).get("iteration") == 1, last
     verdict = _judge(fid_reference, got, fidelity)
     note_fidelity(
         request,

@@ -168,6 +168,12 @@ def _attempt_details(a: AttemptRecord) -> list[str]:
         )
     if a.get("snapshots_off"):
         out.append(f"snapshots off: {a['snapshots_off']}; a resume replays instead")
+    if a.get("loop_checkpoints"):
+        out.append(f"checkpoints inside cells: {a['loop_checkpoints']}")
+    for key, why in sorted((a.get("loops_not_resumable") or {}).items()):
+        cell, _, loop = str(key).partition(":")
+        if cell.isdigit() and loop.isdigit():
+            out.append(f"loop {int(loop) + 1} of cell {int(cell) + 1} is not a resume point: {why}")
     if a.get("checkpoint_uploaded_bytes") or a.get("checkpoint_restored_bytes"):
         out.append(
             f"checkpoint files: {a.get('checkpoint_restored_bytes', 0)} bytes restored, "
