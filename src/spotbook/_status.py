@@ -236,6 +236,19 @@ def downtime(
                     "state_restore": _r(t4 - t3),
                 },
                 "redone_seconds": _r(float(b.get("redone_seconds") or 0.0)),
+                # resumed inside a cell: where, and the most a kill without notice lost
+                # there (the checkpoint interval; the iteration it was in comes on top)
+                **(
+                    {
+                        "resumed_inside": {
+                            k: inside[k] for k in ("cell", "loop", "iteration", "total")
+                        },
+                        "lost_at_most_seconds": inside.get("interval"),
+                    }
+                    if inside.get("attempt") == a["attempt"]
+                    and all(k in inside for k in ("cell", "loop", "iteration", "total"))
+                    else {}
+                ),
                 "restored_bytes": b.get("restored_bytes", 0),
             }
         )

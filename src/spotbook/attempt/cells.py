@@ -49,7 +49,9 @@ class CellLoop:
             await self._run_cells(start)
         finally:
             # a background snapshot still being written: wait for it (after a notice,
-            # only as long as the save budget allows), then commit what it holds
+            # only as long as the save budget allows), then commit what it holds; and the
+            # same for a checkpoint inside the last cell
+            await self.run.in_cell.settle(deadline=self._save_deadline())
             await self.snapshots.settle(wait=True, deadline=self._save_deadline())
 
     def _save_deadline(self) -> float | None:
@@ -102,6 +104,7 @@ class CellLoop:
                     cell_timeout=limits.execution_timeout,
                 )
             except KernelDied:
+                await run.in_cell.settle(deadline=self._save_deadline())
                 await snaps.settle(wait=True, deadline=self._save_deadline())
                 if notice.given:
                     # The node is going away: the runtime may kill the whole process
@@ -127,6 +130,7 @@ class CellLoop:
                 await snaps.settle(wait=True, deadline=self._save_deadline())
                 journal.commit_failure(index, t0, "RunTimeoutError", "the run's --timeout")
                 raise
+            await run.in_cell.settle(deadline=self._save_deadline())
             if notice.given and notice.seen_by_cell():
                 # The cell saw spotbook.preempted() and stopped early: it is not finished.
                 # It runs again on resume, where it picks up from its checkpoint files.

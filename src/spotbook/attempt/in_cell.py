@@ -16,6 +16,7 @@ iteration, its outputs going on from those saved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import StorageError
 from .._models import BACKGROUND_PAUSE_ESTIMATE
+from .._models import alive as _alive
 from ..kernel.loops import POSITION, REQUEST_KEY
 from ..store.runstore import CellKey
 from .kernel_ops import KernelOps
@@ -54,6 +56,8 @@ class InCell:
         # why there are none in this attempt ("" while there may be)
         self.off = f"{OFF_ENV}=0" if os.environ.get(OFF_ENV) == "0" else ""
         self._finished: dict[int, list[dict[str, Any]]] = {}  # the loops each cell ran
+        # a checkpoint a copy of the kernel writes, committed once it has
+        self._pending: asyncio.Future[None] | None = None
 
     # -- going on from one ------------------------------------------------------------
     def find(self, start: int) -> dict[str, Any] | None:
@@ -157,30 +161,104 @@ class InCell:
             return
         gate = str(said.get("gate") or "")
         try:
-            await self._commit(index, said, outputs)
-        except (OSError, StorageError, ValueError, KeyError) as exc:
+            # one at a time: the one before is committed (or given up) first
+            await self.settle()
+            # the snapshot after the cell before, if still being written: committed first,
+            # so the cell's record is there for a resume to reach this cell
+            await self.snapshots.settle(wait=True)
+            m0 = time.monotonic()
+            files = await self._stage_files()  # the run's files as they are at the boundary
+        except (OSError, StorageError) as exc:
             self._stop(f"the checkpoint inside cell {index + 1} could not be saved ({exc})")
+            if gate:
+                KernelOps.release_writer(gate, go=True)
+            return
+        if "pid" in said:  # written by a copy of the kernel: the loop goes on meanwhile
+            if gate:
+                KernelOps.release_writer(gate, go=True)
+            pause = float(said.get("kernel_seconds") or 0.0) + time.monotonic() - m0
+            self._pending = asyncio.ensure_future(self._commit(index, said, outputs, files, pause))
+            return
+        try:
+            pause = float(said.get("kernel_seconds") or 0.0)
+            await self._commit(index, said, outputs, files, pause, m0)
         finally:
             if gate:
                 KernelOps.release_writer(gate, go=True)
 
-    async def _commit(self, index: int, said: dict[str, Any], outputs: list[Any]) -> None:
+    async def settle(self, deadline: float | None = None) -> None:
+        """Wait for the checkpoint a copy of the kernel is writing, and commit it; until
+        ``deadline`` (monotonic) at most, when it is given up (the copy dies with its
+        kernel: a resume goes on from the one before)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, _ = await asyncio.wait({pending}, timeout=timeout)
+        if not done:
+            pending.cancel()
+            log.warning("the checkpoint inside the cell did not finish in time; not committed")
+
+    async def _stage_files(self) -> Any:
+        """The run's files at this boundary: the small changed ones saved now; the rest
+        saved by what is returned (None where the run's files are not captured)."""
+        snaps = self.snapshots
+        if snaps.files is None:
+            return None
+        return await asyncio.to_thread(snaps.files.stage, snaps.blob_dir())
+
+    async def _commit(
+        self,
+        index: int,
+        said: dict[str, Any],
+        outputs: list[Any],
+        files: Any,
+        pause: float,
+        m0: float | None = None,
+    ) -> None:
+        try:
+            await self._write(index, said, outputs, files, pause, m0)
+        except (OSError, StorageError, ValueError, KeyError) as exc:
+            self._stop(f"the checkpoint inside cell {index + 1} could not be saved ({exc})")
+
+    async def _write(
+        self,
+        index: int,
+        said: dict[str, Any],
+        outputs: list[Any],
+        files: Any,
+        pause: float,
+        m0: float | None,
+    ) -> None:
         run, snaps, journal = self.run, self.snapshots, self.run.journal
-        m0 = time.monotonic()
-        # the snapshot after the cell before, if still being written: committed first, so
-        # the cell's record is there for a resume to reach this cell
-        await snaps.settle(wait=True)
-        with open(str(said["manifest"])) as fh:
+        path = str(said["manifest"])
+        if "pid" in said:
+            from .snapshots import _exited
+
+            while not os.path.exists(path) and _alive(int(said["pid"])):
+                await _exited(int(said["pid"]))
+            if not os.path.exists(path):
+                raise ValueError("the kernel's copy ended without writing the checkpoint")
+        with open(path) as fh:
             manifest = json.load(fh)
-        if snaps.files is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        if "error" in manifest:
+            raise ValueError(manifest["error"])
+        position = (manifest.get("vars") or {}).get(POSITION) or {}
+        if position.get("kind") == "unserialisable":  # the loop's position cannot come back
+            why = f"its position cannot be saved ({position.get('error')})"
+            self._unresumable(index, {**said, "unresumable": why})
+            return
+        if files is not None:
             if said.get("written"):
-                snaps.files.note(said["written"])
-            staged = await asyncio.to_thread(snaps.files.stage, snaps.blob_dir())
-            doc_files, written = await asyncio.to_thread(staged)
+                snaps.files.note(said["written"])  # type: ignore[union-attr]
+            doc_files, written = await asyncio.to_thread(files)
             journal.blob_bytes += written
             manifest["files"] = doc_files
         await asyncio.to_thread(snaps.upload_needed, manifest)
-        pause = float(said.get("kernel_seconds") or 0.0) + time.monotonic() - m0
+        if m0 is not None:  # written while the loop waited: all of it was the pause
+            pause += time.monotonic() - m0
         doc = snaps.manifest_doc(index - 1, manifest, cost=pause, written=pause)
         doc["in_cell"] = {
             "cell": index,
@@ -189,6 +267,8 @@ class InCell:
             "total": said.get("total"),
             "at": time.time(),
             "cell_seconds": round(float(said.get("cell_seconds") or 0.0), 6),
+            # the most a kill after it loses: the interval to the next one, and an iteration
+            "interval": round(self.interval(), 3),
             "outputs": outputs,
             **({"notice": True} if said.get("notice") else {}),
             # a loop of the notebook's function: which, and the cell's statement calling it

@@ -194,7 +194,11 @@ class Restorer:
             r = run.in_cell.resumed
             journal.note(
                 resumed_in_cell={
-                    **{k: r[k] for k in ("cell", "loop", "iteration", "total", "at") if k in r},
+                    **{
+                        k: r[k]
+                        for k in ("cell", "loop", "iteration", "total", "at", "interval")
+                        if k in r
+                    },
                     "attempt": int(doc["attempt"]),
                     "cell_seconds": float(r.get("cell_seconds") or 0.0),
                 }

@@ -122,6 +122,20 @@ def _print_downtime(report: dict[str, Any]) -> None:
             f"{sp['image_and_kernel_start']:.2f} s image/kernel start + "
             f"{sp['state_restore']:.2f} s state restore; redone {e['redone_seconds']:.2f} s"
         )
+        inside = e.get("resumed_inside")
+        if inside:
+            of = f" of {inside['total']}" if inside.get("total") is not None else ""
+            bound = e.get("lost_at_most_seconds")
+            print(
+                f"  went on inside cell {int(inside['cell']) + 1} at iteration "
+                f"{int(inside['iteration']) + 1}{of}"
+                + (
+                    f"; a kill without notice lost at most {float(bound):.1f} s of it (the "
+                    "checkpoint interval) and the iteration it was in"
+                    if isinstance(bound, int | float) and e["stopped_at"] is None
+                    else ""
+                )
+            )
     t = report["totals"]
     if t["preemptions"] or t["gpu_seconds"]:
         print(

@@ -446,25 +446,33 @@ def _checkpoint(position: dict[str, Any], notice: bool) -> None:
     t0 = time.monotonic()
     loop, done = position["loop"], position["iteration"]
     ns = get_ipython().user_ns
+    _state["seq"] += 1
+    base = os.path.join(_config["dir"], f"loop-{os.getpid()}-{_state['seq']}")
+    forked: dict[str, Any] = {}
     ns[POSITION] = position
     try:
-        with session._outputs_apart():
-            manifest = session.take_in_cell(Blobs(_config["blob_dir"]))
+        with session._outputs_apart(), session.history_before_cell():
+            if not notice and not _config.get("sync"):
+                # a copy of the kernel writes it while the loop goes on (the pause: a
+                # fork); where the kernel must not fork, it is written now
+                forked = json.loads(session.snapshot_fork(_config["blob_dir"], base + ".json"))
+            if "pid" not in forked:
+                manifest = session.take_in_cell(Blobs(_config["blob_dir"]))
     except Exception as exc:
         _tell({"loop": loop, "iteration": done, "error": f"{type(exc).__name__}: {exc}"[:500]})
         _state["last"] = time.monotonic()
         return
     finally:
         ns.pop(POSITION, None)
-    saved = (manifest.get("vars") or {}).get(POSITION) or {}
-    if saved.get("kind") == "unserialisable":  # the loop's position cannot come back
-        _tell({"loop": loop, "unresumable": f"its position cannot be saved ({saved.get('error')})"})
-        _state["last"] = time.monotonic()
-        return
-    _state["seq"] += 1
-    base = os.path.join(_config["dir"], f"loop-{os.getpid()}-{_state['seq']}")
-    with open(base + ".json", "w") as fh:
-        json.dump(manifest, fh)
+    if "pid" not in forked:
+        saved = (manifest.get("vars") or {}).get(POSITION) or {}
+        if saved.get("kind") == "unserialisable":  # the loop's position cannot come back
+            why = f"its position cannot be saved ({saved.get('error')})"
+            _tell({"loop": loop, "unresumable": why})
+            _state["last"] = time.monotonic()
+            return
+        with open(base + ".json", "w") as fh:
+            json.dump(manifest, fh)
     gate = session._Gate(base + ".go")
     try:
         _tell(
@@ -479,13 +487,15 @@ def _checkpoint(position: dict[str, Any], notice: bool) -> None:
                 "cell_seconds": t0 - _state["cell_started"],
                 "notice": notice,
                 "written": sorted(session._written),
+                **({"pid": forked["pid"]} if "pid" in forked else {}),
             }
         )
         _wait(gate)
     finally:
         gate.close()
-        with contextlib.suppress(OSError):
-            os.unlink(base + ".json")
+        if "pid" not in forked:  # (a copy's manifest is the runner's to remove)
+            with contextlib.suppress(OSError):
+                os.unlink(base + ".json")
     _state["taken"] += 1
     _state["last"] = time.monotonic()
 

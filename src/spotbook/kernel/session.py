@@ -506,20 +506,28 @@ def _take(blobs: Blobs) -> dict[str, Any]:
     )
 
 
-def take_in_cell(blobs: Blobs) -> dict[str, Any]:
-    """:func:`_take` from inside a running cell (a loop's checkpoint): the notebook's open
-    files flushed first (the run's files are captured next), and IPython's history as it
-    was before the running cell, which runs again, and is stored again, on resume."""
-    _flush_open_files()
+@contextlib.contextmanager
+def history_before_cell() -> Iterator[None]:
+    """Meanwhile, IPython's history is as it was before the running cell (which runs
+    again, and is stored again, when a run is resumed inside it)."""
     hm = _shell().history_manager
     parsed, raw = hm.input_hist_parsed, hm.input_hist_raw
     running = (parsed[-1:], raw[-1:])
     del parsed[-1:], raw[-1:]
     try:
-        return _take(blobs)
+        yield
     finally:
         parsed.extend(running[0])
         raw.extend(running[1])
+
+
+def take_in_cell(blobs: Blobs) -> dict[str, Any]:
+    """:func:`_take` from inside a running cell (a loop's checkpoint): the notebook's open
+    files flushed first (the run's files are captured next), and the history as it was
+    before the cell (:func:`history_before_cell`)."""
+    _flush_open_files()
+    with history_before_cell():
+        return _take(blobs)
 
 
 # -- staged snapshots (kernels that must not fork) -----------------------------------------
