@@ -204,9 +204,9 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("--stderr-file a folder", {"in.ipynb": nb(), "d/x": "1"}, [*RUN, "--stderr-file", "d"], 2, "is a folder", "none"),
     ("--name with a slash", {"in.ipynb": nb()}, ["run", "in.ipynb", "out.ipynb", "--name", "../x"], 2, "--name '../x': letters, digits", "none"),
     ("--name and --run-dir", {"in.ipynb": nb()}, [*RUN, "--name", "x"], 2, "give --name or --run-dir, not both", "none"),
-    ("key file /dev/zero", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a FIFO, socket or device)", "none"),
+    ("key file /dev/zero", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a directory, FIFO, socket or device)", "none"),
     ("--run-dir others can write", {"in.ipynb": nb(), "rd/.keep": ""}, RUN, 2, "can be changed by other users (mode 777)", "kept"),
-    ("key file a FIFO", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a FIFO, socket or device)", "none"),
+    ("key file a FIFO", {"in.ipynb": nb()}, RUN, 2, "is not a plain file (a directory, FIFO, socket or device)", "none"),
     ("key file past 64 KiB", {"in.ipynb": nb(), "key": "k" * 70_000}, RUN, 2, "larger than 64 KiB: it holds no key", "none"),
     ("key file others can change", {"in.ipynb": nb(), "key": "k" * 64}, RUN, 2, "can be changed by other users (mode 666)", "none"),
     ("key of 3 letters", {"in.ipynb": nb()}, RUN, 2, "has 3 characters; a key needs at least 32", "none"),
@@ -448,6 +448,11 @@ STORE_CASES: list[tuple[str, Callable[[Path], None], list[str], int, str]] = [
     ("an attempt's pid a string", _field("attempts/0001.json", "pid", "y"), ["status", "rd"], 2, "field 'pid' is"),
     ("an attempt record nested", _write("attempts/0001.json", DEEP), ["status", "rd", "--json"], 2, "attempts/0001.json"),
     ("run.json's status a number", _field("run.json", "status", 3), ["status", "rd"], 2, "run.json"),
+    # fields outside the seal (issue 61): null where a value must be, a status no run has
+    ("an attempt's resumed_from null", _field("attempts/0001.json", "resumed_from", None), ["status", "rd"], 2, "field 'resumed_from' is null, not int"),
+    ("an attempt's resumed_from null, --json", _field("attempts/0001.json", "resumed_from", None), ["status", "rd", "--json"], 2, "field 'resumed_from' is null"),
+    ("an attempt's resumed_from null, its cost", _field("attempts/0001.json", "resumed_from", None), ["cost", "rd"], 2, "field 'resumed_from' is null"),
+    ("run.json's status unknown", _field("run.json", "status", "weird"), ["status", "rd"], 2, "status 'weird' is not a run status"),
 ]
 # fmt: on
 
@@ -508,3 +513,36 @@ def test_a_run_that_cannot_be_read_does_not_hide_the_others(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert f"cannot read {runs[0]}" in r.stderr and "is a FIFO" in r.stderr, r.stderr
     assert runs[1].name in r.stdout and runs[0].name not in r.stdout
+
+
+def test_a_key_file_that_is_no_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """The user's key as a FIFO hung `spotbook run`; the key file's variable naming a
+    directory was a traceback (issue 61). Both are refused by name (exit 2), no store."""
+    (tmp_path / "in.ipynb").write_text(nb())
+    config = tmp_path / "config"
+    config.mkdir()
+    os.mkfifo(config / "key")
+    r = cli(*RUN, cwd=tmp_path, env={"SPOTBOOK_CONFIG_DIR": str(config)}, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "is not a plain file" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "keydir").mkdir()
+    r = cli(*RUN, cwd=tmp_path, env={"SPOTBOOK_SNAPSHOT_KEY_FILE": str(tmp_path / "keydir")})
+    assert r.returncode == 2, r.stderr
+    assert "is not a plain file (a directory" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "rd").exists()
+
+
+def test_a_replaced_cut_output_is_refused_by_resume(tmp_path: Path) -> None:
+    """A cell's output past --max-output-bytes is kept whole in outputs/, its hash in the
+    sealed record; one replaced there was taken up by resume without a look (issue 61)."""
+    doc = json.loads(nb())
+    doc["cells"][1]["source"] = "print('x' * 5000)"
+    doc["cells"].append({**doc["cells"][1], "id": "z", "source": "raise SystemExit(3)"})
+    (tmp_path / "in.ipynb").write_text(json.dumps(doc))
+    r = cli(*RUN, "--max-output-bytes", "100", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    spilled = tmp_path / "rd" / "outputs" / "00001-a0001.txt"
+    spilled.write_text("y" * 5000)
+    r = cli("resume", "rd", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert spilled.name in r.stderr and "Traceback" not in r.stderr

@@ -83,7 +83,16 @@ def _status_of(
     """The run's status, run.json's, where a running run whose last attempt was killed is
     interrupted; and whether it was cancelled (``spotbook cancel``: its status then says
     so, unless it succeeded)."""
-    status = RunStatus(run.get("status", RunStatus.PENDING.value))
+    value = run.get("status", RunStatus.PENDING.value)
+    try:
+        status = RunStatus(value)
+    except ValueError:  # (a field outside the seal: a writer of the store can set it)
+        known = ", ".join(s.value for s in RunStatus)
+        raise StoreIntegrityError(
+            f"{store.url}/run.json: status {value!r} is not a run status ({known}); it was "
+            "not used. Inspect the store, or start the run over with `spotbook run ... "
+            "--restart`"
+        ) from None
     if status is RunStatus.RUNNING and attempts and attempts[-1]["outcome"] == Outcome.KILLED:
         status = RunStatus.INTERRUPTED
     return status, status is not RunStatus.SUCCEEDED and store.exists(CANCELLED)

@@ -251,6 +251,9 @@ class Runner:
                 f"has no record while later cells {later[:5]} have one: a record was removed",
             )
         check_kernel(self.spec.kernel_name)  # not an attempt: bad input (exit 2)
+        for rec in self.journal.records.values():
+            if rec.get("spilled"):  # a cut output the run goes on with: its hash is sealed
+                self.store.spilled_text(rec)
         self.snapshots.usable = self.snapshots.find_usable(start)
         inside = self.in_cell.find(start)  # a checkpoint inside the cell to go on from
         if inside is not None:

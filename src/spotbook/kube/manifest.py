@@ -203,9 +203,16 @@ class JobOptions:
             )
         if self.gpu_count > MAX_GPUS:
             raise UsageError(f"--gpu: {self.gpu_count} GPUs is more than any node has")
-        for flag, secs in (("--ttl", self.ttl_seconds), ("--deadline", self.deadline_seconds)):
-            if secs is not None and not 0 <= secs <= _INT32:
-                raise UsageError(f"{flag}: {secs} s is out of Kubernetes' range (0 to 68 years)")
+        if self.ttl_seconds is not None and not 0 <= self.ttl_seconds <= _INT32:
+            raise UsageError(
+                f"--ttl: {self.ttl_seconds} s is out of Kubernetes' range (0 to 68 years)"
+            )
+        # the API server takes a positive activeDeadlineSeconds only (0 would end the Job at once)
+        if self.deadline_seconds is not None and not 1 <= self.deadline_seconds <= _INT32:
+            raise UsageError(
+                f"--deadline: {self.deadline_seconds} s is out of Kubernetes' range (1 s to "
+                "68 years); leave it out for no deadline"
+            )
         if not 0 <= self.backoff_limit <= _INT32:
             raise UsageError(
                 f"--backoff-limit {self.backoff_limit} is out of range (0 to 2147483647)"

@@ -117,12 +117,15 @@ class Backend:
 
     def _bounded(self, data: bytes, path: str, limit: int | None) -> bytes:
         if limit is not None and len(data) > limit:
-            raise StoreIntegrityError(
-                f"{self.url}/{path[len(self.root) :].lstrip('/')} is larger than the "
-                f"{limit >> 20} MiB such a document may be; it was not read further. "
-                "Inspect the store, or start the run over with `spotbook run ... --restart`"
-            )
+            raise self._too_large(path, limit)
         return data
+
+    def _too_large(self, path: str, limit: int) -> StoreIntegrityError:
+        return StoreIntegrityError(
+            f"{self.url}/{path[len(self.root) :].lstrip('/')} is larger than the "
+            f"{limit >> 20} MiB such a document may be; it was not read further. "
+            "Inspect the store, or start the run over with `spotbook run ... --restart`"
+        )
 
     def exists(self, path: str, what: str) -> bool:
         raise NotImplementedError
@@ -296,6 +299,9 @@ class LocalBackend(Backend):
                 raise
             with os.fdopen(fd, "rb") as fh:
                 self._plain(fd, path)
+                if limit is not None and os.fstat(fd).st_size > limit:
+                    # refused from its size, unread (reading it to the limit cost a GiB)
+                    raise self._too_large(path, limit)
                 return self._bounded(fh.read(-1 if limit is None else limit + 1), path, limit)
 
     def _plain(self, fd: int, path: str) -> None:

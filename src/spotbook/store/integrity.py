@@ -128,13 +128,14 @@ def _key_file(path: str) -> bytes:
             f"${KEY_FILE_ENV} names {path!r}, which cannot be read ({exc.strerror}); "
             "mount the run key's Secret there or unset the variable"
         ) from exc
+    mode = os.fstat(fd).st_mode  # (before a file object: a directory cannot be one)
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UsageError(
+            f"the key file {path!r} (${KEY_FILE_ENV}) is not a plain file (a directory, "
+            "FIFO, socket or device): it holds no key"
+        )
     with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise UsageError(
-                f"the key file {path!r} (${KEY_FILE_ENV}) is not a plain file (a FIFO, "
-                "socket or device): it holds no key"
-            )
         if mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise UsageError(
                 f"the key file {path!r} (${KEY_FILE_ENV}) can be changed by other users "
@@ -160,7 +161,8 @@ def load_key(create: bool = True) -> Key:
 
 def _user_key(path: str, create: bool) -> Key:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # (not blocking: a FIFO put there would hold the reader forever)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         if not create:
             raise UsageError(
@@ -170,6 +172,12 @@ def _user_key(path: str, create: bool) -> Key:
         return _create_user_key(path)
     except OSError as exc:
         raise UsageError(f"cannot read the spotbook key {path} ({exc.strerror})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(
+            f"the spotbook key {path} is not a plain file (a directory, FIFO, socket or "
+            "device): it holds no key; remove it to make a new one"
+        )
     with os.fdopen(fd, "rb") as fh:
         mode = os.fstat(fh.fileno()).st_mode
         if mode & (stat.S_IRWXG | stat.S_IRWXO):

@@ -134,13 +134,16 @@ def library_runs_dir() -> str:
 # the Python types of an attempt record's fields (``AttemptRecord``): a field read from a
 # store that is not of its type is refused by name, not met later as a traceback
 def _attempt_types() -> dict[str, tuple[type, ...]]:
+    """Each field's types; ``type(None)`` among them where the field may be null."""
     import types
     import typing
 
     out: dict[str, tuple[type, ...]] = {}
     for name, hint in typing.get_type_hints(AttemptRecord).items():
         origin = typing.get_origin(hint) or hint
+        nullable = False
         if origin in (typing.Union, types.UnionType):
+            nullable = type(None) in typing.get_args(hint)
             args = [typing.get_origin(a) or a for a in typing.get_args(hint) if a is not type(None)]
         else:
             args = [origin]
@@ -149,7 +152,7 @@ def _attempt_types() -> dict[str, tuple[type, ...]]:
         if float in kinds:
             kinds = (*kinds, int)  # a whole number of seconds is a number of seconds
         if kinds:
-            out[name] = kinds
+            out[name] = (*kinds, type(None)) if nullable else kinds
     return out
 
 
@@ -788,13 +791,15 @@ class RunStore:
                 )
         for name, value in doc.items():
             want = _ATTEMPT_TYPES.get(name)
-            if want is None or value is None:
+            if want is None:
                 continue
-            ok = isinstance(value, want) and not (isinstance(value, bool) and want != (bool,))
+            # (null only where the field may be null: a field outside the seal is data)
+            ok = isinstance(value, want) and not (isinstance(value, bool) and bool not in want)
             if not ok:
                 raise StoreIntegrityError(
-                    f"{rel}: field {name!r} is {type(value).__name__}, not "
-                    f"{' or '.join(t.__name__ for t in want)}; it was not used. Inspect the "
+                    f"{rel}: field {name!r} is {'null' if value is None else type(value).__name__}"
+                    f", not {' or '.join(t.__name__ for t in want if t is not type(None))}; it "
+                    "was not used. Inspect the "
                     "store, or start the run over with `spotbook run ... --restart`"
                 )
         return doc
