@@ -6,6 +6,10 @@ help a long cell save its own progress before the node goes away.
 
 from __future__ import annotations
 
+from ._early import catch_if_command
+
+catch_if_command()  # the `spotbook` command: a stop in its first instants is exit 75
+
 import importlib
 from typing import TYPE_CHECKING, Any
 

@@ -14,23 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _early
 from .._models import NoticeCell
 
 log = logging.getLogger(__name__)
-
-
-# a SIGTERM that came before any attempt's handlers were installed (``catch_early``): the
-# first attempt takes it as its notice, so a SIGTERM in a command's first instants is a
-# stop with exit 75, not the default action's death (143)
-_EARLY: list[int] = []
-
-
-def catch_early() -> None:
-    """Record SIGTERM from now until an attempt installs its own handlers (main thread
-    only: call first thing in a command that runs an attempt). SIGINT keeps Python's
-    KeyboardInterrupt, which already ends such a command with 75 at once."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: _EARLY.append(signum))
 
 
 class Notice:
@@ -98,8 +85,8 @@ class Notice:
             self._start_watchdog()  # never started from a signal handler
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, handler)
-        while _EARLY:  # a signal that came before these handlers: the notice at once
-            handler(_EARLY.pop(0), None)
+        while _early.EARLY:  # a signal that came before these handlers: the notice at once
+            handler(_early.EARLY.pop(0), None)
 
     def arm_watchdog(self, seconds: float, on_overrun: Callable[[], None]) -> None:
         """Call ``on_overrun`` from a thread if the attempt is still here ``seconds``

@@ -145,9 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``spotbook`` command: parse ``argv``, run the command, return its exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words and words[0] in _ATTEMPTS and argv is None:
-        from ..attempt.notice import catch_early
+        from .._early import catch
 
-        catch_early()  # before anything slow: a stop in the first instants is exit 75
+        catch()  # (again, where the package's import did not): a stop now is exit 75
     if argv is None:
         _without_format_checks()
     parser = build_parser()
