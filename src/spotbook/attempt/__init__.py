@@ -8,6 +8,8 @@ the state, run the cells, commit each, stop on a notice.
 - :mod:`.fidelity` — the fidelity report of a resume.
 - :mod:`.environment` — where the attempt runs (host, pod, node, GPUs).
 - :mod:`.progress` — papermill's progress bar.
+- :mod:`.in_cell` — checkpoints inside a cell (a loop's iteration boundary) and going
+  on from one.
 
 Code that runs *inside* the kernel is in :mod:`spotbook.kernel`, never here.
 """

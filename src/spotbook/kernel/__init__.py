@@ -14,4 +14,6 @@ the kernel reads and writes blob files in one local directory the runner names.
   (cwd, ``sys.path``, environment, random generators, library options, IPython).
 - :mod:`.session` — the entry points the runner calls: start-up hooks, snapshot,
   restore, per-cell effects.
+- :mod:`.loops` — a cell's loops as resume points: the AST transformer, the checkpoint
+  at an iteration boundary, going on from one.
 """
