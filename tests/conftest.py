@@ -189,6 +189,23 @@ def node_lost(tmpdir: str | os.PathLike[str]) -> None:
     wait_for(lambda: not _processes_with(entry), 60, "the lost node's processes to die")
 
 
+def wipe_node(work: Path, env: dict[str, str]) -> None:
+    """What a new pod sees: the working directory, home and temporary directory (``env``'s
+    HOME and TMPDIR) empty, the node's processes gone (the local run store, ``rd``, stays:
+    it stands for the volume or bucket)."""
+    node_lost(env["TMPDIR"])
+    for entry in work.iterdir():
+        if entry.name == "rd":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    for var in ("HOME", "TMPDIR"):
+        shutil.rmtree(env[var])
+        os.makedirs(env[var])
+
+
 def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 

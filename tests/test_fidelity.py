@@ -33,11 +33,11 @@ from .conftest import (
     kill,
     load,
     made_once,
-    node_lost,
     note_fidelity,
     on_created,
     start_cli,
     wait_for,
+    wipe_node,
 )
 
 pytestmark = pytest.mark.slow
@@ -159,22 +159,6 @@ def _loop_checkpointed(place: Place) -> int:
     return found
 
 
-def _wipe_node(work: Path, env: dict[str, str]) -> None:
-    """What a new pod sees: the working directory, home and temporary directory empty
-    (the local run store, ``rd``, stays: it stands for the volume or bucket)."""
-    node_lost(env["TMPDIR"])
-    for entry in work.iterdir():
-        if entry.name == "rd":
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    for var in ("HOME", "TMPDIR"):
-        shutil.rmtree(env[var])
-        os.makedirs(env[var])
-
-
 @pytest.mark.parametrize(("where", "mode", "point"), CASES, indirect=["where"])
 def test_resume_is_identical_or_names_what_differs(
     work: Path,
@@ -236,7 +220,7 @@ def test_resume_is_identical_or_names_what_differs(
     assert code == -signal.SIGKILL, err
     gate.touch()
     if point == "new-node":
-        _wipe_node(work, env)
+        wipe_node(work, env)
     resume_env = {**place.env, **RESUME_ENV, **{k: env[k] for k in ("HOME", "TMPDIR") if k in env}}
     resume_env["FID_GATE"] = str(gate)
     if staged:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,10 @@ from .conftest import (
     kill,
     load,
     made_once,
-    node_lost,
     on,
     start_cli,
     wait_for,
+    wipe_node,
     write_notebook,
 )
 
@@ -201,22 +200,6 @@ def _node(work: Path, new_node: bool) -> dict[str, str]:
     return env
 
 
-def _wipe(work: Path, node: dict[str, str]) -> None:
-    """A new node: the working folder, home and temporary folder empty (``rd``, the local
-    store, stands for the volume or bucket and stays)."""
-    node_lost(node["TMPDIR"])
-    for entry in work.iterdir():
-        if entry.name == "rd":
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    for var in ("HOME", "TMPDIR"):
-        shutil.rmtree(node[var])
-        os.makedirs(node[var])
-
-
 def _killed_at(
     args: list[str],
     work: Path,
@@ -280,10 +263,10 @@ def test_a_loop_killed_twice_goes_on_at_the_next_iteration(
     run = ["run", "train.ipynb", "out.ipynb", "--run-dir", place.rd, "--snapshot-interval", "0"]
     _killed_at(run, work, env, place, hold, h1, cell)
     if new_node:
-        _wipe(work, node)
+        wipe_node(work, node)
     _killed_at(["resume", place.rd], work, env, place, hold, h2, cell)
     if new_node:
-        _wipe(work, node)
+        wipe_node(work, node)
     r = cli("resume", place.rd, cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     assert _comparable(work / "out.ipynb") == loop_references[shape]

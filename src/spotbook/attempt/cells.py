@@ -134,7 +134,8 @@ class CellLoop:
             if notice.given and notice.seen_by_cell():
                 # The cell saw spotbook.preempted() and stopped early: it is not finished.
                 # It runs again on resume, where it picks up from its checkpoint files.
-                log.info("cell %d stopped on the notice; it continues on resume", index)
+                # (cells as papermill numbers them, from 1)
+                log.info("cell %d stopped on the notice; it continues on resume", index + 1)
                 raise Terminated(notice.signame, run.resume_hint())
             duration = time.monotonic() - m0
             taken = snaps.taken_with_cell(index, result)

@@ -216,8 +216,10 @@ class InCell:
         pause: float,
         m0: float | None = None,
     ) -> None:
+        """Commit the checkpoint the kernel took (once its copy has written it, where one
+        did); one that cannot be saved turns them off for the attempt, the cell goes on."""
         try:
-            await self._write(index, said, outputs, files, pause, m0)
+            await self._write(index, said, outputs, (files, pause, m0))
         except (OSError, StorageError, ValueError, KeyError) as exc:
             self._stop(f"the checkpoint inside cell {index + 1} could not be saved ({exc})")
 
@@ -226,10 +228,9 @@ class InCell:
         index: int,
         said: dict[str, Any],
         outputs: list[Any],
-        files: Any,
-        pause: float,
-        m0: float | None,
+        taken: tuple[Any, float, float | None],
     ) -> None:
+        files, pause, m0 = taken
         run, snaps, journal = self.run, self.snapshots, self.run.journal
         path = str(said["manifest"])
         if "pid" in said:

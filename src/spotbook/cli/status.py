@@ -147,7 +147,9 @@ def _print_downtime(report: dict[str, Any]) -> None:
 
 _NOTICE_CELL: dict[str, str] = {
     NoticeCell.NONE: "no cell was running",
-    NoticeCell.STOPPED: "the running cell saw spotbook.preempted() and stopped early",
+    NoticeCell.STOPPED: (
+        "the running cell stopped early (at its loop's checkpoint, or on spotbook.preempted())"
+    ),
     NoticeCell.FINISHED: "the running cell finished within --grace",
     NoticeCell.INTERRUPTED: (
         "the running cell outlived --grace and was interrupted; it runs again on resume"
