@@ -71,11 +71,33 @@ class InCell:
             return None
         from .snapshots import SNAPSHOT_FORMAT
 
-        if doc.get("format") != SNAPSHOT_FORMAT:
+        if doc.get("format") != SNAPSHOT_FORMAT or not self._has_point(start, doc["in_cell"]):
             return None
         self.resumed = dict(doc["in_cell"])
         self._resume_cell = self._outputs_cell = start
         return doc
+
+    def _has_point(self, index: int, inside: dict[str, Any]) -> bool:
+        """Whether cell ``index``, as the kernel will see it, has the loop (or the calling
+        statement) the checkpoint names: else the cell goes on from its first line, from
+        the snapshot before it (never a loop that is not there)."""
+        import ast
+
+        from .executor import python_transform
+
+        try:
+            body = ast.parse(python_transform(str(self.run.nb.cells[index].source))).body
+        except (SyntaxError, ValueError, IndexError):
+            return False
+        if inside.get("function"):
+            stmt = inside.get("stmt")
+            simple = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign)
+            return (
+                isinstance(stmt, int) and 0 <= stmt < len(body) and isinstance(body[stmt], simple)
+            )
+        loops = [s for s in body if isinstance(s, ast.For)]
+        loop = inside.get("loop")
+        return isinstance(loop, int) and 0 <= loop < len(loops)
 
     def restored(self, failed: dict[str, Any]) -> str:
         """'' when the loop's position came back with the state; else why not."""

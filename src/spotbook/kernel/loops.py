@@ -95,8 +95,13 @@ def why_not_resumable(it: Any) -> str:
 
 
 # -- the transformer ---------------------------------------------------------------------
+_NESTED: dict[str, Any] = {}  # a second transform within one request (see _request_meta)
+
+
 def _request_meta() -> dict[str, Any] | None:
-    """What the execute request running now asks of its loops, or None."""
+    """What the execute request running now asks of its loops, or None; None too for a
+    second transform within the same request (a cell magic such as ``%%time`` compiling
+    its body: its loops are not the cell's top-level statements)."""
     try:
         from IPython import get_ipython
 
@@ -109,7 +114,13 @@ def _request_meta() -> dict[str, Any] | None:
             parent = kernel.get_parent()
         meta = (parent or {}).get("metadata") or {}
         asked = meta.get(REQUEST_KEY)
-        return asked if isinstance(asked, dict) else None
+        if not isinstance(asked, dict):
+            return None
+        request = ((parent or {}).get("header") or {}).get("msg_id")
+        if request and request == _state.get("request"):
+            return _NESTED
+        _state["request"] = request
+        return asked
     except Exception:
         return None
 
@@ -136,6 +147,8 @@ class LoopPoints(ast.NodeTransformer):
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
         asked = _request_meta()
+        if asked is _NESTED:  # the armed cell's own magic compiling its body: as it is
+            return node
         if asked is None:
             _config.clear()
             return node
