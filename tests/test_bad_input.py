@@ -220,6 +220,7 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], int, str, str]] = [
     ("submit a notebook nested past the parser", {"in.ipynb": "[" * 100_000 + "]" * 100_000}, DRY, 2, "nested too deeply to be one", "none"),
     ("sweep --rows nested past the parser", {"in.ipynb": nb(), "g.jsonl": "[" * 100_000 + "]" * 100_000 + "\n"}, ["sweep", "in.ipynb", "--run-dir", "rd", "--rows", "g.jsonl"], 2, "g.jsonl line 1 is nested too deeply", "none"),
     ("submit --ttl past 68 years", {"in.ipynb": nb()}, [*DRY, "--ttl", "99999999999999d"], 2, "--ttl: 8639999999999913600 s is out of Kubernetes' range", "none"),
+    ("submit --deadline 0 (the API server takes none)", {"in.ipynb": nb()}, [*DRY, "--deadline", "0"], 2, "--deadline: 0 s is out of Kubernetes' range (1 s", "none"),
     ("submit --deadline past 68 years", {"in.ipynb": nb()}, [*DRY, "--deadline", "99999999999999h"], 2, "--deadline: 359999999999996400 s is out of Kubernetes' range", "none"),
     ("submit --backoff-limit past int32", {"in.ipynb": nb()}, [*DRY, "--backoff-limit", "99999999999"], 2, "--backoff-limit 99999999999 is out of range (0 to 2147483647)", "none"),
 ]
