@@ -388,3 +388,20 @@ def test_simulate_models_a_long_training_cell_with_checkpoints_inside_it(work: P
     assert inside <= 1.05, rows
     assert between >= 4.0, rows  # (e^3 - 1) / 3 = 6.4 with no time to a node
     assert rows["restart from scratch"]["cost_ratio"] >= between * 0.95
+
+
+def test_a_cell_magics_loop_is_left_as_it_is(work: Path) -> None:
+    """`%%time` compiles its body again under the same request: that body is not the
+    cell's top level, so its loop is no resume point (it was transformed as if it were,
+    and a resume could have asked the cell for a loop it does not have); a plain loop in
+    the next cell still is."""
+    timed = "%%time\nfor i in range(4):\n    x += i\n    print('step', i)"
+    write_notebook(work / "nb.ipynb", "x = 0", timed, "for j in range(3):\n    x += j\nprint(x)")
+    r = cli("run", "nb.ipynb", "out.ipynb", "--run-dir", "rd", "--snapshot-interval", "0", cwd=work)
+    assert r.returncode == 0, r.stderr
+    place = Place("local", "rd", str(work / "rd"), {})
+    assert _checkpointed(place, 1) == -1
+    assert _checkpointed(place, 2) == 3
+    cells = load(work / "out.ipynb")["cells"]
+    assert "".join(cells[1]["outputs"][0]["text"]).startswith("step 0\nstep 1\nstep 2\nstep 3\n")
+    assert "".join(cells[2]["outputs"][0]["text"]) == "9\n"
