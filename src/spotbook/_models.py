@@ -170,7 +170,6 @@ class AttemptRecord(TypedDict, total=False):
     # checkpoints inside cells (a loop's iteration boundary: spotbook.kernel.loops)
     loop_checkpoints: int
     loop_checkpoint_pause_max: float
-    last_loop_checkpoint: dict[str, Any]  # cell, loop, iteration, at
     loops_not_resumable: dict[str, str]  # "cell:loop" -> why a kill there reruns the cell
     loop_checkpoints_off: str
     # the checkpoint inside a cell this attempt went on from: cell, loop, iteration,

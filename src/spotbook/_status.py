@@ -213,9 +213,14 @@ def downtime(
         if a.get("outcome") not in INTERRUPTED_OUTCOMES:
             continue
         t0 = max(ends.get(int(a["attempt"]), 0.0), float(a.get("resumed_at") or a["started"]))
+        # B went on from a checkpoint A took inside a cell: A's last progress
         inside = b.get("resumed_in_cell") or {}
-        if inside.get("attempt") == a["attempt"] and isinstance(inside.get("at"), int | float):
-            t0 = max(t0, float(inside["at"]))  # a checkpoint inside a cell was A's last progress
+        if inside.get("attempt") != a["attempt"] or not all(
+            k in inside for k in ("cell", "loop", "iteration", "total")
+        ):
+            inside = {}
+        if isinstance(inside.get("at"), int | float):
+            t0 = max(t0, float(inside["at"]))
         known = a.get("outcome") == Outcome.PREEMPTED and a.get("ended") is not None
         t1 = max(float(a["ended"]), t0) if known else t0
         t2 = max(float(b.get("process_started") or b["started"]), t1)
@@ -254,8 +259,7 @@ def downtime(
                         },
                         "lost_at_most_seconds": inside.get("interval"),
                     }
-                    if inside.get("attempt") == a["attempt"]
-                    and all(k in inside for k in ("cell", "loop", "iteration", "total"))
+                    if inside
                     else {}
                 ),
                 "restored_bytes": b.get("restored_bytes", 0),

@@ -27,6 +27,7 @@ from .._errors import StorageError
 from .._models import BACKGROUND_PAUSE_ESTIMATE
 from .._models import alive as _alive
 from ..kernel.loops import POSITION, REQUEST_KEY
+from ..notebook import document as nbs
 from ..store.runstore import CellKey
 from .kernel_ops import KernelOps
 
@@ -49,7 +50,6 @@ class InCell:
         self.snapshots = snapshots
         self.resumed: dict[str, Any] | None = None  # the checkpoint this attempt went on from
         self.cost: float | None = None  # what the last one stopped the cell for
-        self.taken = 0
         self.pauses: list[float] = []
         self._resume_cell: int | None = None  # the cell still to be resumed inside
         self._outputs_cell: int | None = None  # ... whose outputs are still to be given
@@ -130,9 +130,7 @@ class InCell:
 
     # -- asking for them --------------------------------------------------------------
     def _python(self) -> bool:
-        info = self.run.nb.metadata.get("kernelspec") or {}
-        lang = str(info.get("language") or "python").lower()
-        return lang == "python"
+        return nbs.kernel_language(self.run.nb).lower() == "python"
 
     def interval(self) -> float:
         """Seconds of a loop between two checkpoints."""
@@ -189,6 +187,9 @@ class InCell:
             # so the cell's record is there for a resume to reach this cell
             await self.snapshots.settle(wait=True)
             m0 = time.monotonic()
+            if self.snapshots.files is not None and said.get("written"):
+                # what the loop wrote outside the scanned folders: captured with the rest
+                self.snapshots.files.note(said["written"])
             files = await self._stage_files()  # the run's files as they are at the boundary
         except (OSError, StorageError) as exc:
             self._stop(f"the checkpoint inside cell {index + 1} could not be saved ({exc})")
@@ -239,90 +240,60 @@ class InCell:
         m0: float | None = None,
     ) -> None:
         """Commit the checkpoint the kernel took (once its copy has written it, where one
-        did); one that cannot be saved turns them off for the attempt, the cell goes on."""
+        did); one that cannot be saved turns them off for the attempt, the cell goes on.
+        ``files``: the run's files staged at the boundary; ``m0``: when the runner began
+        while the loop waited (all of it is then the pause)."""
         try:
-            await self._write(index, said, outputs, (files, pause, m0))
+            run, snaps, journal = self.run, self.snapshots, self.run.journal
+            manifest = await _manifest(said)
+            position = (manifest.get("vars") or {}).get(POSITION) or {}
+            if position.get("kind") == "unserialisable":  # the loop's position cannot come back
+                why = f"its position cannot be saved ({position.get('error')})"
+                self._unresumable(index, {**said, "unresumable": why})
+                return
+            if files is not None:
+                doc_files, written = await asyncio.to_thread(files)
+                journal.blob_bytes += written
+                manifest["files"] = doc_files
+            await asyncio.to_thread(snaps.upload_needed, manifest)
+            if m0 is not None:  # written while the loop waited: all of it was the pause
+                pause += time.monotonic() - m0
+            doc = snaps.manifest_doc(index - 1, manifest, cost=pause, written=pause)
+            doc["in_cell"] = {
+                "cell": index,
+                "loop": int(said["loop"]),
+                "iteration": int(said["iteration"]),
+                "total": said.get("total"),
+                "at": time.time(),
+                "cell_seconds": round(float(said.get("cell_seconds") or 0.0), 6),
+                # the most a kill after it loses: the interval to the next one, and an iteration
+                "interval": round(self.interval(), 3),
+                "outputs": outputs,
+                **({"notice": True} if said.get("notice") else {}),
+                # a loop of the notebook's function: which, and the cell's statement calling it
+                **(
+                    {"function": str(said["function"]), "stmt": int(said["stmt"])}
+                    if said.get("function")
+                    else {}
+                ),
+            }
+            journal.fence()
+            run.store.write_loop_checkpoint(CellKey(index, journal.attempt), doc)
+            journal.blob_bytes += int(doc["bytes_written"])
+            self.cost = pause
+            self.pauses.append(pause)
+            rec = journal.attempt_rec
+            rec["loop_checkpoints"] = len(self.pauses)
+            rec["loop_checkpoint_pause_max"] = round(max(self.pauses), 6)
+            log.debug(
+                "checkpoint inside cell %d, loop %s, after iteration %s: %.3f s",
+                index,
+                said["loop"],
+                said["iteration"],
+                pause,
+            )
         except (OSError, StorageError, ValueError, KeyError) as exc:
             self._stop(f"the checkpoint inside cell {index + 1} could not be saved ({exc})")
-
-    async def _write(
-        self,
-        index: int,
-        said: dict[str, Any],
-        outputs: list[Any],
-        taken: tuple[Any, float, float | None],
-    ) -> None:
-        files, pause, m0 = taken
-        run, snaps, journal = self.run, self.snapshots, self.run.journal
-        path = str(said["manifest"])
-        if "pid" in said:
-            from .snapshots import _exited
-
-            while not os.path.exists(path) and _alive(int(said["pid"])):
-                await _exited(int(said["pid"]))
-            if not os.path.exists(path):
-                raise ValueError("the kernel's copy ended without writing the checkpoint")
-        with open(path) as fh:
-            manifest = json.load(fh)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        if "error" in manifest:
-            raise ValueError(manifest["error"])
-        position = (manifest.get("vars") or {}).get(POSITION) or {}
-        if position.get("kind") == "unserialisable":  # the loop's position cannot come back
-            why = f"its position cannot be saved ({position.get('error')})"
-            self._unresumable(index, {**said, "unresumable": why})
-            return
-        if files is not None:
-            if said.get("written"):
-                snaps.files.note(said["written"])  # type: ignore[union-attr]
-            doc_files, written = await asyncio.to_thread(files)
-            journal.blob_bytes += written
-            manifest["files"] = doc_files
-        await asyncio.to_thread(snaps.upload_needed, manifest)
-        if m0 is not None:  # written while the loop waited: all of it was the pause
-            pause += time.monotonic() - m0
-        doc = snaps.manifest_doc(index - 1, manifest, cost=pause, written=pause)
-        doc["in_cell"] = {
-            "cell": index,
-            "loop": int(said["loop"]),
-            "iteration": int(said["iteration"]),
-            "total": said.get("total"),
-            "at": time.time(),
-            "cell_seconds": round(float(said.get("cell_seconds") or 0.0), 6),
-            # the most a kill after it loses: the interval to the next one, and an iteration
-            "interval": round(self.interval(), 3),
-            "outputs": outputs,
-            **({"notice": True} if said.get("notice") else {}),
-            # a loop of the notebook's function: which, and the cell's statement calling it
-            **(
-                {"function": str(said["function"]), "stmt": int(said["stmt"])}
-                if said.get("function")
-                else {}
-            ),
-        }
-        journal.fence()
-        run.store.write_loop_checkpoint(CellKey(index, journal.attempt), doc)
-        journal.blob_bytes += int(manifest["written"])
-        self.cost = pause
-        self.taken += 1
-        self.pauses.append(pause)
-        rec = journal.attempt_rec
-        rec["loop_checkpoints"] = self.taken
-        rec["loop_checkpoint_pause_max"] = round(max(self.pauses), 6)
-        rec["last_loop_checkpoint"] = {
-            "cell": index,
-            "loop": int(said["loop"]),
-            "iteration": int(said["iteration"]),
-            "at": doc["in_cell"]["at"],
-        }
-        log.debug(
-            "checkpoint inside cell %d, loop %s, after iteration %s: %.3f s",
-            index,
-            said["loop"],
-            said["iteration"],
-            pause,
-        )
 
     def _unresumable(self, index: int, said: dict[str, Any]) -> None:
         journal = self.run.journal
@@ -347,3 +318,23 @@ class InCell:
         self.off = why
         self.run.journal.attempt_rec["loop_checkpoints_off"] = why
         log.warning("checkpoints inside cells are off for this attempt: %s", why)
+
+
+async def _manifest(said: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of the checkpoint the kernel said it took (once the kernel's copy has
+    written it, where one does); ValueError where it has none."""
+    path = str(said["manifest"])
+    if "pid" in said:
+        from .snapshots import _exited
+
+        while not os.path.exists(path) and _alive(int(said["pid"])):
+            await _exited(int(said["pid"]))
+        if not os.path.exists(path):
+            raise ValueError("the kernel's copy ended without writing the checkpoint")
+    with open(path) as fh:
+        manifest: dict[str, Any] = json.load(fh)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    if "error" in manifest:
+        raise ValueError(manifest["error"])
+    return manifest

@@ -306,31 +306,19 @@ class Snapshots:
         # the kernel; the policy wants what the next one will cost.
         self.cost = cost if self._taken else manifest["seconds"]
         self._background_cost = False
-        self._commit(index, manifest, cost=self.cost, written=cost)
+        self._commit(index, self.manifest_doc(index, manifest, cost=self.cost, written=cost))
         if manifest["seconds"] > 0 and manifest["state_bytes"] > 1 << 20:
             self._rate = max(manifest["state_bytes"] / manifest["seconds"], 1e6)
         self._taken += 1
         self.compute_since = 0.0
         log.debug("snapshot after cell %d: %.3f s, %d new bytes", index, cost, manifest["written"])
 
-    def _commit(
-        self,
-        index: int,
-        manifest: dict[str, Any],
-        *,
-        cost: float,
-        written: float,
-        pause: float | None = None,
-    ) -> None:
-        """Commit the manifest of a snapshot whose blobs are all in the store. ``cost``:
-        what the policy counts it as having cost the notebook; ``written``: from its start
-        until every blob was in the store; ``pause``: it was written in the background,
-        stopping the notebook this long."""
-        run, journal = self.run, self.run.journal
-        doc = self.manifest_doc(index, manifest, cost=cost, written=written, pause=pause)
+    def _commit(self, index: int, doc: dict[str, Any]) -> None:
+        """Commit a snapshot's document (:meth:`manifest_doc`), its blobs all in the store."""
+        journal = self.run.journal
         journal.fence()
-        run.store.write_snapshot(CellKey(index, journal.attempt), doc)
-        journal.blob_bytes += int(manifest["written"])
+        self.run.store.write_snapshot(CellKey(index, journal.attempt), doc)
+        journal.blob_bytes += int(doc["bytes_written"])
 
     def manifest_doc(
         self,
@@ -342,7 +330,9 @@ class Snapshots:
         pause: float | None = None,
     ) -> dict[str, Any]:
         """The document a snapshot's manifest is committed as (the state after cell
-        ``index``; see :meth:`_commit`)."""
+        ``index``). ``cost``: what the policy counts it as having cost the notebook;
+        ``written``: from its start until every blob was in the store; ``pause``: it was
+        written in the background, stopping the notebook this long."""
         run, journal = self.run, self.run.journal
         doc = {
             "format": SNAPSHOT_FORMAT,
@@ -579,7 +569,8 @@ class Snapshots:
             )
             written = time.monotonic() - p.started
             found["kernel_pause"] = p.kernel_pause
-            self._commit(p.index, found, cost=cost, written=written, pause=p.pause)
+            doc = self.manifest_doc(p.index, found, cost=cost, written=written, pause=p.pause)
+            self._commit(p.index, doc)
         except (OSError, StorageError) as exc:
             self._lose(p)  # the held records are not committed: their cells rerun
             raise self._unwritable(p.index, exc) from None

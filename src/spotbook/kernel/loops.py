@@ -377,7 +377,7 @@ def _items(
         yield item
         done += 1  # the body of that iteration has run: a boundary
         if _config and not why:
-            notice = _notice_given()
+            notice = _notice_seen()
             if notice or _due():
                 position = {"loop": loop, "iter": it, "iteration": done, "total": total}
                 if fid:  # the call's frame: its locals, and the cell's statement that made it
@@ -403,6 +403,19 @@ def _items(
 def _notice_given() -> bool:
     path = os.environ.get("SPOTBOOK_NOTICE_FILE")
     return bool(path) and os.path.exists(str(path))
+
+
+def _notice_seen() -> bool:
+    """:func:`_notice_given`, looked up at most every ``_LOOK`` seconds (a boundary of a
+    loop of microsecond iterations must not cost a file system call each)."""
+    now = time.monotonic()
+    if now < _state.get("look", 0.0):
+        return False
+    _state["look"] = now + _LOOK
+    return _notice_given()
+
+
+_LOOK = 0.02
 
 
 def _due() -> bool:
